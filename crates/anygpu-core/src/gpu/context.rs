@@ -1,0 +1,443 @@
+//! The GPU runtime: one wgpu device with its capability profile, pipeline cache, buffer pool
+//! and a pending command encoder into which dispatches are batched until the host needs a
+//! result (read-back or `sync`).
+
+use std::sync::{Arc, Mutex};
+
+use super::kernel::{KernelSpec, PipelineCache};
+use super::pool::{size_class, BufferPool, STORAGE_USAGE};
+use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
+use crate::error::{Error, Result};
+
+/// Dispatches recorded before the encoder is submitted on its own, to bound memory held by
+/// recorded-but-unsubmitted work.
+const MAX_PENDING_DISPATCHES: usize = 1024;
+
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: DeviceInfo,
+    pub caps: Capabilities,
+    pipelines: PipelineCache,
+    pool: BufferPool,
+    pending: Mutex<Pending>,
+    /// The first uncaptured wgpu error since the last check.
+    error: Arc<Mutex<Option<String>>>,
+    /// Set once the device is lost; every later call fails with it.
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    /// Commands recorded into `encoder` (dispatches and copies).
+    commands: usize,
+}
+
+/// A GPU allocation owned by a tensor; goes back to the pool when dropped.
+pub struct GpuBuffer {
+    buffer: Option<wgpu::Buffer>,
+    /// Bytes requested (the wgpu buffer may be larger: its size class).
+    pub len: u64,
+    ctx: Arc<GpuContext>,
+}
+
+impl GpuBuffer {
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        // Only `Drop` takes the buffer out.
+        self.buffer.as_ref().expect("GpuBuffer used after drop")
+    }
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+    /// A binding of the first `len` bytes (rounded to 4).
+    pub fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: self.buffer(),
+            offset: 0,
+            size: wgpu::BufferSize::new(self.len.max(4).next_multiple_of(4)),
+        })
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            self.ctx.pool.give_back(b);
+        }
+    }
+}
+
+/// One binding of a dispatch: a tensor buffer, or a slice of one (`offset`, `size` in bytes).
+pub enum Bind<'a> {
+    Whole(&'a GpuBuffer),
+    Slice(&'a wgpu::Buffer, u64, u64),
+}
+
+fn error_text(e: &wgpu::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+impl GpuContext {
+    /// Creates the device with the adapter's real limits and the helpful optional features it
+    /// has, or with WebGPU's defaults when `webgpu_defaults` is set.
+    pub fn open(entry: &AdapterEntry, webgpu_defaults: bool) -> Result<GpuContext> {
+        let adapter = &entry.adapter;
+        let caps = if webgpu_defaults { entry.caps.constrain() } else { entry.caps.clone() };
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("anygpu"),
+            required_features: caps.wgpu_features(),
+            required_limits: caps.wgpu_limits(&adapter.limits()),
+            // SAFETY: cooperative matrices are requested only when the adapter reports them,
+            // and our kernels use them only as the extension specifies.
+            experimental_features: if caps.cooperative_matrix {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        // Some drivers panic inside device creation; a user must get a message instead.
+        let created = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pollster::block_on(adapter.request_device(&desc))
+        }));
+        let (device, queue) = match created {
+            Ok(Ok(dq)) => dq,
+            Ok(Err(e)) => {
+                return Err(Error::Device(format!(
+                    "could not create a device on {} ({}): {e}",
+                    entry.info.name, entry.info.backend
+                )))
+            }
+            Err(_) => {
+                return Err(Error::Device(format!(
+                    "the {} driver crashed while creating a device on {}",
+                    entry.info.backend, entry.info.name
+                )))
+            }
+        };
+        let error = Arc::new(Mutex::new(None::<String>));
+        let lost = Arc::new(Mutex::new(None::<String>));
+        {
+            let error = error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                if let Ok(mut slot) = error.lock() {
+                    slot.get_or_insert_with(|| error_text(&e));
+                }
+            }));
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                if let Ok(mut slot) = lost.lock() {
+                    slot.get_or_insert_with(|| format!("{reason:?}: {msg}"));
+                }
+            });
+        }
+        Ok(GpuContext {
+            device,
+            queue,
+            info: entry.info.clone(),
+            caps,
+            pipelines: PipelineCache::default(),
+            pool: BufferPool::default(),
+            pending: Mutex::new(Pending::default()),
+            error,
+            lost,
+        })
+    }
+
+    /// Fails if the device was lost or a wgpu error was raised since the last check.
+    pub fn check(&self, op: &str) -> Result<()> {
+        if let Some(msg) = self.lost.lock().ok().and_then(|s| s.clone()) {
+            return Err(Error::gpu(
+                op,
+                format!("the GPU device was lost ({msg}). The driver may have reset; restart the program, or use --device cpu"),
+            ));
+        }
+        if let Some(msg) = self.error.lock().ok().and_then(|mut s| s.take()) {
+            return Err(Error::gpu(op, msg));
+        }
+        Ok(())
+    }
+
+    /// The compute pipeline for a kernel, compiled on first use inside an error scope so a
+    /// shader the driver rejects becomes an error naming the kernel.
+    pub fn pipeline(&self, spec: &KernelSpec, replacements: &[(&str, &str)]) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key_extra = replacements.iter().map(|(k, v)| format!("{k}={v};")).collect::<String>();
+        let key = (spec.clone(), key_extra);
+        if let Some(p) = self.pipelines.get(&key) {
+            return Ok(p);
+        }
+        let source = spec.source_text(replacements);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&spec.name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&spec.name),
+            layout: None,
+            module: &module,
+            entry_point: Some(spec.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::gpu(format!("compiling kernel {}", spec.name), error_text(&e)));
+        }
+        let p = Arc::new(pipeline);
+        self.pipelines.insert(key, p.clone());
+        Ok(p)
+    }
+
+    pub fn pipelines_compiled(&self) -> usize {
+        self.pipelines.len()
+    }
+
+    /// A storage buffer of at least `bytes` bytes (contents undefined), from the pool when
+    /// one of its size class is free.
+    pub fn alloc(self: &Arc<Self>, bytes: u64) -> Result<GpuBuffer> {
+        self.check("alloc")?;
+        if bytes > self.caps.max_buffer_size {
+            return Err(Error::Unsupported(format!(
+                "a tensor of {} MiB does not fit in one buffer on {} (max_buffer_size {} MiB)",
+                bytes >> 20,
+                self.info.name,
+                self.caps.max_buffer_size >> 20
+            )));
+        }
+        let class = size_class(bytes).min(self.caps.max_buffer_size.max(4) / 4 * 4);
+        let buffer = match self.pool.take(class) {
+            Some(b) => b,
+            None => {
+                let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: class,
+                    usage: STORAGE_USAGE,
+                    mapped_at_creation: false,
+                });
+                if let Some(e) = pollster::block_on(scope.pop()) {
+                    self.pool.clear();
+                    return Err(Error::gpu(
+                        "alloc",
+                        format!("out of GPU memory allocating {} MiB: {}", class >> 20, error_text(&e)),
+                    ));
+                }
+                b
+            }
+        };
+        Ok(GpuBuffer { buffer: Some(buffer), len: bytes, ctx: self.clone() })
+    }
+
+    /// Uploads bytes into a new buffer. Ordered after every op recorded so far, so a pooled
+    /// buffer that pending work still reads is never overwritten early.
+    pub fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<GpuBuffer> {
+        let buf = self.alloc(bytes.len() as u64)?;
+        self.write(&buf, 0, bytes)?;
+        Ok(buf)
+    }
+
+    /// Writes bytes into a buffer at `offset`, in order with the recorded work.
+    pub fn write(&self, buf: &GpuBuffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let padded_len = (bytes.len() as u64).next_multiple_of(4);
+        let mut pending = self.pending.lock().map_err(|_| Error::gpu("write", "state poisoned"))?;
+        if pending.commands == 0 {
+            // Nothing recorded yet: the queue's own staging is ordered correctly.
+            if padded_len == bytes.len() as u64 {
+                self.queue.write_buffer(buf.buffer(), offset, bytes);
+            } else {
+                let mut v = bytes.to_vec();
+                v.resize(padded_len as usize, 0);
+                self.queue.write_buffer(buf.buffer(), offset, &v);
+            }
+        } else {
+            let staging = self.filled_buffer("upload staging", wgpu::BufferUsages::COPY_SRC, bytes, 4)?;
+            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            enc.copy_buffer_to_buffer(&staging, 0, buf.buffer(), offset, padded_len);
+            pending.commands += 1;
+        }
+        drop(pending);
+        self.check("upload")
+    }
+
+    /// A new buffer holding `bytes`, zero-padded to a multiple of `align`, written through a
+    /// mapping at creation (so it is ready before any queued work runs).
+    fn filled_buffer(
+        &self,
+        label: &str,
+        usage: wgpu::BufferUsages,
+        bytes: &[u8],
+        align: usize,
+    ) -> Result<wgpu::Buffer> {
+        let mut padded = bytes.to_vec();
+        padded.resize(bytes.len().next_multiple_of(align), 0);
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: padded.len() as u64,
+            usage,
+            mapped_at_creation: true,
+        });
+        b.slice(..).get_mapped_range_mut().map_err(|e| Error::gpu(label, e.to_string()))?.copy_from_slice(&padded);
+        b.unmap();
+        Ok(b)
+    }
+
+    /// Records one dispatch into the pending encoder. `params` (if not empty) is bound as a
+    /// uniform at binding 0, then `binds` at 1, 2, ...
+    pub fn dispatch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        op: &str,
+        params: &[u8],
+        binds: &[Bind<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        if workgroups.contains(&0) {
+            return Ok(());
+        }
+        let max = self.caps.max_workgroups();
+        if workgroups.iter().any(|&w| w > max) {
+            return Err(Error::gpu(
+                op,
+                format!("dispatch of {workgroups:?} workgroups exceeds the device's {max} per dimension"),
+            ));
+        }
+        let uniform = if params.is_empty() {
+            None
+        } else {
+            Some(self.filled_buffer("params", wgpu::BufferUsages::UNIFORM, params, 16)?)
+        };
+        let mut entries = Vec::with_capacity(binds.len() + 1);
+        if let Some(u) = &uniform {
+            entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+        }
+        let max_binding = self.caps.max_storage_buffer_binding_size;
+        for (i, b) in binds.iter().enumerate() {
+            let resource = match b {
+                Bind::Whole(g) => g.binding(),
+                Bind::Slice(buf, offset, size) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: buf,
+                    offset: *offset,
+                    size: wgpu::BufferSize::new((*size).max(4).next_multiple_of(4)),
+                }),
+            };
+            let size = match b {
+                Bind::Whole(g) => g.len,
+                Bind::Slice(_, _, s) => *s,
+            };
+            if size > max_binding {
+                return Err(Error::Unsupported(format!(
+                    "{op}: a binding of {} MiB exceeds this device's max_storage_buffer_binding_size of {} MiB",
+                    size >> 20,
+                    max_binding >> 20
+                )));
+            }
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(op),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        self.check(op)?;
+        let submit_now = {
+            let mut pending = self.pending.lock().map_err(|_| Error::gpu(op, "state poisoned"))?;
+            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            {
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+            }
+            pending.commands += 1;
+            pending.commands >= MAX_PENDING_DISPATCHES
+        };
+        if submit_now {
+            self.submit()?;
+        }
+        self.check(op)
+    }
+
+    /// Workgroup counts for `n` workgroups in a line: split over x and y when `n` exceeds the
+    /// per-dimension limit. Kernels recover the linear index as `wid.x + wid.y * nwg.x`.
+    pub fn grid_1d(&self, n: u32) -> [u32; 3] {
+        let max = self.caps.max_workgroups();
+        if n <= max {
+            [n, 1, 1]
+        } else {
+            [max, n.div_ceil(max), 1]
+        }
+    }
+
+    /// Submits the pending encoder, if any (does not wait).
+    pub fn submit(&self) -> Result<()> {
+        {
+            // Submit under the lock: a `queue.write_buffer` from another thread in between
+            // would otherwise land before this encoder's commands.
+            let mut pending = self.pending.lock().map_err(|_| Error::gpu("submit", "state poisoned"))?;
+            pending.commands = 0;
+            if let Some(enc) = pending.encoder.take() {
+                self.queue.submit([enc.finish()]);
+            }
+        }
+        self.check("submit")
+    }
+
+    /// Submits pending work and waits for the device to finish it.
+    pub fn sync(&self) -> Result<()> {
+        self.submit()?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("sync", e.to_string()))?;
+        self.check("sync")
+    }
+
+    /// Reads `len` bytes at `offset` of a buffer back to the host (flushes pending work).
+    pub fn read(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if len == 0 {
+            return Ok(vec![]);
+        }
+        let aligned_off = offset / 4 * 4;
+        let skip = (offset - aligned_off) as usize;
+        let copy_len = (len + skip as u64).next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: copy_len,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut pending = self.pending.lock().map_err(|_| Error::gpu("read", "state poisoned"))?;
+            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            enc.copy_buffer_to_buffer(buffer, aligned_off, &staging, 0, copy_len);
+            pending.commands += 1;
+        }
+        self.submit()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("read", e.to_string()))?;
+        self.check("read")?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::gpu("read", e.to_string())),
+            Err(_) => return Err(Error::gpu("read", "the map callback never ran")),
+        }
+        let data = staging.slice(..).get_mapped_range().map_err(|e| Error::gpu("read", e.to_string()))?
+            [skip..skip + len as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}

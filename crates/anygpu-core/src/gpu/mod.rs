@@ -1,0 +1,8 @@
+//! The GPU runtime: device context, pipeline cache, buffer pool, batched submission.
+
+mod context;
+pub mod kernel;
+pub mod pool;
+
+pub use context::{Bind, GpuBuffer, GpuContext};
+pub use kernel::KernelSpec;

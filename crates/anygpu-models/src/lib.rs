@@ -1,0 +1,1 @@
+//! anygpu-models: model files, tokenizers, model definitions.

@@ -54,6 +54,13 @@ pub struct AdapterEntry {
 /// Mesa Dozen (Vulkan on D3D12 under WSL2) is exactly such an adapter and often the only GPU a
 /// WSL2 user has.
 pub fn instance() -> wgpu::Instance {
+    // We never present to a window: EGL's surfaceless platform avoids Mesa probing Wayland/X11
+    // (and printing errors about XDG_RUNTIME_DIR) on headless machines.
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("EGL_PLATFORM").is_none() {
+        // SAFETY: called before any thread of ours reads the environment concurrently.
+        unsafe { std::env::set_var("EGL_PLATFORM", "surfaceless") };
+    }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = (wgpu::Backends::all() - wgpu::Backends::BROWSER_WEBGPU).with_env();
     desc.flags =

@@ -126,7 +126,7 @@ pub fn select(entries: &[AdapterEntry], rows: &mut [DeviceInfo], opts: &SelectOp
                 .max();
             match best {
                 Some((_, std::cmp::Reverse(i))) => Some(i),
-                None if opts.backend.is_some() && !entries.iter().any(|e| backend_ok(e)) => {
+                None if opts.backend.is_some() && !entries.iter().any(&backend_ok) => {
                     return Err(Error::Device(format!(
                         "ANYGPU_BACKEND={}: no adapter on that backend.\n{}",
                         opts.backend.as_deref().unwrap_or_default(),

@@ -120,7 +120,7 @@ impl GgmlType {
     /// number of blocks or the size overflows.
     pub fn byte_size(self, n_elements: u64) -> Result<u64> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return Err(Error::Format(format!(
                 "{n_elements} elements is not a multiple of the {} block size {bs}",
                 self.name()

@@ -1,1 +1,4 @@
-//! anygpu-models: model files, tokenizers, model definitions.
+//! anygpu-models: model files (GGUF, safetensors), tokenizers, chat templates, model
+//! definitions (llama, BERT) and sampling. Depends on anygpu-core only.
+
+pub mod gguf;

@@ -1,4 +1,6 @@
 //! anygpu-models: model files (GGUF, safetensors), tokenizers, chat templates, model
 //! definitions (llama, BERT) and sampling. Depends on anygpu-core only.
 
+pub mod chat_template;
 pub mod gguf;
+pub mod tokenizer;

@@ -29,6 +29,25 @@ enum Command {
     Devices(cmd::devices::Args),
     /// Run a smoke test and a short benchmark on every adapter, with fix-it hints.
     Doctor(cmd::doctor::Args),
+    /// Generate text from a prompt with a GGUF model (streams to stdout).
+    Generate(cmd::generate::Args),
+    /// Chat interactively with a GGUF model.
+    Chat(cmd::chat::Args),
+    /// Print the token ids of a text (or a file's content).
+    Tokenize(cmd::tokenize::Args),
+    /// Perplexity of a GGUF model over a text file.
+    Perplexity(cmd::perplexity::Args),
+    /// Benchmarks: `bench llm` (prefill/decode tokens per second), `bench ops` (kernels).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode tokens/s of a GGUF model, like llama-bench.
+    Llm(cmd::bench_llm::Args),
+    /// Time every kernel; GFLOP/s, GB/s and the fraction of the device's ceilings.
+    Ops(cmd::bench_ops::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +67,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices(args) => cmd::devices::run(cli.device.as_deref(), args),
         Command::Doctor(args) => cmd::doctor::run(cli.device.as_deref(), args),
+        Command::Generate(args) => cmd::generate::run(cli.device.as_deref(), args),
+        Command::Chat(args) => cmd::chat::run(cli.device.as_deref(), args),
+        Command::Tokenize(args) => cmd::tokenize::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(cli.device.as_deref(), args),
+        Command::Bench(BenchCommand::Llm(args)) => cmd::bench_llm::run(cli.device.as_deref(), args),
+        Command::Bench(BenchCommand::Ops(args)) => cmd::bench_ops::run(cli.device.as_deref(), args),
     };
     match result {
         Ok(code) => code,

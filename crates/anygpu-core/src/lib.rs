@@ -4,6 +4,7 @@
 //! (CPU reference + WGSL side by side), `quant` the GGML block formats.
 
 pub mod backend;
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod gpu;

@@ -125,3 +125,20 @@ fn huge_dispatch_is_split_over_two_dimensions() {
         Ok(vec![out[0], out[n / 2], out[n - 1], out.iter().sum::<f32>() / n as f32])
     });
 }
+
+#[test]
+fn write_at_updates_a_cache_in_place() {
+    // A [H, T_max, D] cache takes new [T, H, D] rows at position 5, as a KV cache does.
+    parity("write_at", 0.0, 0.0, |d| {
+        let mut cache = Tensor::zeros([3, 16, 7], anygpu_core::DType::F32, d)?;
+        let new = t(60, &[4, 3, 7], d).permute(&[1, 0, 2])?;
+        cache.write_at(1, 5, &new)?;
+        let mut out = cache.to_vec_f32()?;
+        out.extend(cache.narrow(1, 5, 4)?.unsqueeze(0)?.contiguous()?.to_vec_f32()?);
+        Ok(out)
+    });
+    parity_err("write_at out of range", "out of range", |d| {
+        let mut cache = Tensor::zeros([3, 16, 7], anygpu_core::DType::F32, d)?;
+        cache.write_at(1, 14, &t(61, &[3, 4, 7], d))
+    });
+}

@@ -2,5 +2,8 @@
 //! definitions (llama, BERT) and sampling. Depends on anygpu-core only.
 
 pub mod chat_template;
+pub mod generate;
 pub mod gguf;
+pub mod llama;
+pub mod sampling;
 pub mod tokenizer;

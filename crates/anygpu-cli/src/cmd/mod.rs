@@ -1,7 +1,14 @@
 //! Subcommands, one file each, and the error type they share.
 
+pub mod bench_llm;
+pub mod bench_ops;
+pub mod chat;
 pub mod devices;
 pub mod doctor;
+pub mod generate;
+pub mod llm;
+pub mod perplexity;
+pub mod tokenize;
 
 /// A failure to report to the user: the message, and the exit code (2 for bad usage such as an
 /// unknown device, 1 for everything else).
@@ -12,6 +19,10 @@ pub struct CliError {
 }
 
 impl CliError {
+    /// Bad usage: a wrong flag value, a missing file. Exit code 2.
+    pub fn usage(msg: impl Into<String>) -> CliError {
+        CliError { msg: msg.into(), code: 2 }
+    }
     pub fn exit_code(&self) -> u8 {
         self.code
     }

@@ -176,6 +176,7 @@ impl GpuContext {
             return Ok(p);
         }
         let source = spec.source_text(replacements);
+        let _serial = self.lock("pipeline")?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&spec.name),
@@ -217,6 +218,7 @@ impl GpuContext {
         let buffer = match self.pool.take(class) {
             Some(b) => b,
             None => {
+                let _serial = self.lock("alloc")?;
                 let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
                 let b = self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: None,
@@ -251,7 +253,7 @@ impl GpuContext {
             return Ok(());
         }
         let padded_len = (bytes.len() as u64).next_multiple_of(4);
-        let mut pending = self.pending.lock().map_err(|_| Error::gpu("write", "state poisoned"))?;
+        let mut pending = self.lock("write")?;
         if pending.commands == 0 {
             // Nothing recorded yet: the queue's own staging is ordered correctly.
             if padded_len == bytes.len() as u64 {
@@ -313,6 +315,7 @@ impl GpuContext {
                 format!("dispatch of {workgroups:?} workgroups exceeds the device's {max} per dimension"),
             ));
         }
+        let mut pending = self.lock(op)?;
         let uniform = if params.is_empty() {
             None
         } else {
@@ -351,22 +354,19 @@ impl GpuContext {
             entries: &entries,
         });
         self.check(op)?;
-        let submit_now = {
-            let mut pending = self.pending.lock().map_err(|_| Error::gpu(op, "state poisoned"))?;
-            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-            {
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
-                pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-            }
-            pending.commands += 1;
-            pending.commands >= MAX_PENDING_DISPATCHES
-        };
-        if submit_now {
-            self.submit()?;
+        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
         }
+        pending.commands += 1;
+        if pending.commands >= MAX_PENDING_DISPATCHES {
+            self.submit_locked(&mut pending);
+        }
+        drop(pending);
         self.check(op)
     }
 
@@ -383,23 +383,86 @@ impl GpuContext {
 
     /// Submits the pending encoder, if any (does not wait).
     pub fn submit(&self) -> Result<()> {
-        {
-            // Submit under the lock: a `queue.write_buffer` from another thread in between
-            // would otherwise land before this encoder's commands.
-            let mut pending = self.pending.lock().map_err(|_| Error::gpu("submit", "state poisoned"))?;
-            pending.commands = 0;
-            if let Some(enc) = pending.encoder.take() {
-                self.queue.submit([enc.finish()]);
-            }
-        }
+        let mut pending = self.lock("submit")?;
+        self.submit_locked(&mut pending);
+        drop(pending);
         self.check("submit")
+    }
+
+    /// Submits under the state lock: a `queue.write_buffer` from another thread in between
+    /// would otherwise land before this encoder's commands.
+    fn submit_locked(&self, pending: &mut Pending) {
+        pending.commands = 0;
+        if let Some(enc) = pending.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// The state lock. Every call into wgpu goes through it, one thread at a time: wgpu's GL
+    /// backend panics when two threads contend for its context, and ordering of recorded work
+    /// needs it anyway.
+    fn lock(&self, op: &str) -> Result<std::sync::MutexGuard<'_, Pending>> {
+        self.pending.lock().map_err(|_| Error::gpu(op, "GPU state poisoned by an earlier panic"))
     }
 
     /// Submits pending work and waits for the device to finish it.
     pub fn sync(&self) -> Result<()> {
-        self.submit()?;
+        let mut pending = self.lock("sync")?;
+        self.submit_locked(&mut pending);
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("sync", e.to_string()))?;
+        drop(pending);
         self.check("sync")
+    }
+
+    /// Runs `f` (which records GPU work) between two GPU timestamps and returns its result with
+    /// the GPU time in seconds, or None when the device has no timestamp queries.
+    pub fn gpu_time<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Option<f64>)> {
+        if !self.caps.timestamp_query {
+            return f().map(|t| (t, None));
+        }
+        let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timing resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.mark_timestamp(&set, 0)?;
+        let out = f()?;
+        self.mark_timestamp(&set, 1)?;
+        {
+            let mut pending = self.lock("timing")?;
+            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            enc.resolve_query_set(&set, 0..2, &resolve, 0);
+            pending.commands += 1;
+        }
+        let bytes = self.read(&resolve, 0, 16)?;
+        let t: [u64; 2] = [
+            u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default()),
+            u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default()),
+        ];
+        let ns = t[1].saturating_sub(t[0]) as f64 * self.queue.get_timestamp_period() as f64;
+        Ok((out, Some(ns * 1e-9)))
+    }
+
+    /// An empty compute pass that writes timestamp `index` of `set` when the GPU reaches it.
+    fn mark_timestamp(&self, set: &wgpu::QuerySet, index: u32) -> Result<()> {
+        let mut pending = self.lock("timing")?;
+        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("timestamp"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: set,
+                beginning_of_pass_write_index: Some(index),
+                end_of_pass_write_index: None,
+            }),
+        }));
+        pending.commands += 1;
+        Ok(())
     }
 
     /// Reads `len` bytes at `offset` of a buffer back to the host (flushes pending work).
@@ -416,18 +479,16 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        {
-            let mut pending = self.pending.lock().map_err(|_| Error::gpu("read", "state poisoned"))?;
-            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-            enc.copy_buffer_to_buffer(buffer, aligned_off, &staging, 0, copy_len);
-            pending.commands += 1;
-        }
-        self.submit()?;
+        let mut pending = self.lock("read")?;
+        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        enc.copy_buffer_to_buffer(buffer, aligned_off, &staging, 0, copy_len);
+        self.submit_locked(&mut pending);
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("read", e.to_string()))?;
+        drop(pending);
         self.check("read")?;
         match rx.recv() {
             Ok(Ok(())) => {}

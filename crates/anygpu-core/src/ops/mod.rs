@@ -1,10 +1,17 @@
 //! Op families. Each module owns its shape rules, its CPU reference (`cpu_*`), its GPU
 //! dispatch (`gpu_*`) and its WGSL file beside it.
 
+pub mod attention;
+pub mod cast;
 pub mod copy;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
+pub mod norm;
 pub mod reduce;
+pub mod rope;
+pub mod softmax;
+pub mod unary;
 
 use std::sync::Arc;
 

@@ -158,6 +158,13 @@ impl Tensor {
             Storage::Gpu(_) => None,
         }
     }
+    /// Mutable host storage (copied first if another tensor shares it).
+    pub fn cpu_storage_mut(&mut self) -> Option<&mut CpuStorage> {
+        match &mut self.storage {
+            Storage::Cpu(s) => Some(Arc::make_mut(s)),
+            Storage::Gpu(_) => None,
+        }
+    }
     pub fn gpu_buffer(&self) -> Option<&GpuBuffer> {
         match &self.storage {
             Storage::Gpu(b) => Some(b),
@@ -252,6 +259,18 @@ impl Tensor {
         let mut layout = self.layout.clone();
         layout.offset += start * layout.strides[dim];
         layout.shape.0[dim] = len;
+        Ok(Tensor { layout, ..self.clone() })
+    }
+
+    /// Inserts a dimension of size 1 at `dim` (a view).
+    pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
+        if dim > self.rank() {
+            return Err(Error::shape("unsqueeze", format!("dim {dim} out of range for {}", self.shape())));
+        }
+        let mut layout = self.layout.clone();
+        let stride = layout.strides.get(dim).map_or(1, |&s| s * layout.shape.0[dim]);
+        layout.shape.0.insert(dim, 1);
+        layout.strides.insert(dim, stride);
         Ok(Tensor { layout, ..self.clone() })
     }
 

@@ -1,0 +1,123 @@
+//! `anygpu bench llm -m FILE [-p 512] [-n 128] [-r 3]`: prefill and decode speed like
+//! llama-bench (pp: a prompt of random tokens; tg: tokens generated one at a time).
+
+use std::time::Instant;
+
+use anygpu_models::llama::Llama;
+use serde::Serialize;
+
+use super::llm::{describe, load, ModelArgs};
+use super::CliResult;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens for the prefill test (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens for the decode test (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions (the mean and spread are reported).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    reps: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    model: String,
+    size_mib: usize,
+    device: String,
+    test: String,
+    tokens_per_s: f64,
+    stddev: f64,
+}
+
+/// Random but valid token ids (a fixed LCG, so runs compare).
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64;
+    (m, var.sqrt())
+}
+
+fn pp(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
+    let ids = tokens(n, model.config.n_vocab, seed);
+    let mut cache = model.new_cache(n)?;
+    let t0 = Instant::now();
+    anygpu_models::generate::prefill(model, &mut cache, &ids)?;
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn tg(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
+    let mut cache = model.new_cache(n + 1)?;
+    let mut id = tokens(1, model.config.n_vocab, seed)[0];
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let logits = model.forward(&[id], &mut cache, false)?.to_vec_f32()?;
+        id = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+pub fn run(device: Option<&str>, args: Args) -> CliResult {
+    let mut margs = args.model.clone();
+    margs.ctx_size = Some(margs.ctx_size.unwrap_or(0).max(args.n_prompt.max(args.n_gen + 1)).max(1));
+    let lm = load(device, &margs, args.json)?;
+    let name = args.model.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let dev = describe(lm.model.device());
+    let reps = args.reps.max(1);
+    let mut rows = Vec::new();
+    // One untimed run of each compiles the pipelines and warms the pools.
+    if args.n_prompt > 0 {
+        pp(&lm.model, args.n_prompt.min(64), 0)?;
+        let v =
+            (0..reps).map(|r| pp(&lm.model, args.n_prompt, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
+        let (m, sd) = mean_sd(&v);
+        rows.push(Row {
+            model: name.clone(),
+            size_mib: lm.model.weight_bytes() >> 20,
+            device: dev.clone(),
+            test: format!("pp{}", args.n_prompt),
+            tokens_per_s: m,
+            stddev: sd,
+        });
+    }
+    if args.n_gen > 0 {
+        tg(&lm.model, 4, 0)?;
+        let v = (0..reps).map(|r| tg(&lm.model, args.n_gen, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
+        let (m, sd) = mean_sd(&v);
+        rows.push(Row {
+            model: name.clone(),
+            size_mib: lm.model.weight_bytes() >> 20,
+            device: dev.clone(),
+            test: format!("tg{}", args.n_gen),
+            tokens_per_s: m,
+            stddev: sd,
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("| model | size | device | test | t/s |\n| --- | ---: | --- | ---: | ---: |");
+        for r in &rows {
+            println!(
+                "| {} | {} MiB | {} | {} | {:.2} ± {:.2} |",
+                r.model, r.size_mib, r.device, r.test, r.tokens_per_s, r.stddev
+            );
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

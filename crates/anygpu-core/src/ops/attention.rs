@@ -1,0 +1,454 @@
+//! Scaled dot-product attention with causal masking and grouped-query heads; fused on the GPU
+//! (flash-style online softmax), so long sequences never materialise T x T scores.
+//!
+//! `attention(q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, D]) -> [B, Hq, Tq, D]`, query
+//! head h reading KV head h / (Hq / Hkv). Under the causal mask the queries are the last Tq
+//! positions: query i sees keys j <= i + (Tk - Tq) (decode with Tq = 1 sees every key). A query
+//! that sees no key at all (causal with Tq > Tk) gets zeros, as in FlashAttention.
+//!
+//! Q is f32; K and V are f32 or f16 (an f16 KV cache halves decode bandwidth). Any strided
+//! view is read in place (q/k/v are usually transposes of [B, T, H, D]).
+//!
+//! GPU: `attention.wgsl` (one workgroup per block of query rows of one KV head, K/V tiles
+//! through workgroup memory, online softmax), with the key range optionally split over several
+//! workgroups and merged by `attention_combine.wgsl` (flash-decoding) when the rows alone do not
+//! fill the GPU, as in decode.
+
+use std::borrow::Cow;
+
+use rayon::prelude::*;
+
+use super::elementwise::buf;
+use super::{gpu_of, same_device, to_u32};
+use crate::error::{Error, Result};
+use crate::gpu::{Bind, GpuContext, KernelSpec};
+use crate::tensor::{CpuStorage, DType, Tensor};
+
+const OP: &str = "attention";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionOpts {
+    /// Softmax scale, usually 1/sqrt(D).
+    pub scale: f32,
+    /// Query i (of Tq) sees keys j <= i + (Tk - Tq): the queries are the last Tq positions.
+    pub causal: bool,
+}
+
+impl AttentionOpts {
+    /// The usual options: scale 1/sqrt(D).
+    pub fn new(head_dim: usize, causal: bool) -> AttentionOpts {
+        AttentionOpts { scale: 1.0 / (head_dim.max(1) as f32).sqrt(), causal }
+    }
+}
+
+/// The shape facts of one attention call.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+}
+
+impl Dims {
+    fn out_shape(&self) -> Vec<usize> {
+        vec![self.b, self.hq, self.tq, self.d]
+    }
+    /// Exclusive end of the keys query `i` sees.
+    fn visible(&self, i: usize, causal: bool) -> usize {
+        if causal {
+            (i + 1 + self.tk).saturating_sub(self.tq).min(self.tk)
+        } else {
+            self.tk
+        }
+    }
+}
+
+fn check(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
+    same_device(OP, q, k)?;
+    same_device(OP, q, v)?;
+    let shapes = || format!("q {}, k {}, v {}", q.shape(), k.shape(), v.shape());
+    if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+        return Err(Error::shape(OP, format!("expected 4-D [B, H, T, D] tensors, got {}", shapes())));
+    }
+    let (qd, kd) = (q.dims(), k.dims());
+    if k.dims() != v.dims() {
+        return Err(Error::shape(OP, format!("k and v shapes differ: {}", shapes())));
+    }
+    if qd[0] != kd[0] {
+        return Err(Error::shape(OP, format!("batch sizes differ: {}", shapes())));
+    }
+    if qd[3] != kd[3] {
+        return Err(Error::shape(OP, format!("head dims differ: {}", shapes())));
+    }
+    let (hq, hkv) = (qd[1], kd[1]);
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(Error::shape(
+            OP,
+            format!("{hq} query heads are not a multiple of {hkv} kv heads: {}", shapes()),
+        ));
+    }
+    if q.dtype() != DType::F32 {
+        return Err(Error::mismatch(OP, format!("q must be f32, got {}", q.dtype())));
+    }
+    if k.dtype() != v.dtype() || !matches!(k.dtype(), DType::F32 | DType::F16) {
+        return Err(Error::mismatch(
+            OP,
+            format!("k and v must both be f32 or both f16, got {} and {}", k.dtype(), v.dtype()),
+        ));
+    }
+    Ok(Dims { b: qd[0], hq, hkv, tq: qd[2], tk: kd[2], d: qd[3] })
+}
+
+// ---- CPU reference ------------------------------------------------------------------------
+
+/// A read-only [B, H, T, D] view of f32 host data.
+struct View<'a> {
+    data: Cow<'a, [f32]>,
+    off: usize,
+    st: [usize; 4],
+}
+
+impl<'a> View<'a> {
+    fn of(t: &'a Tensor) -> Result<View<'a>> {
+        let l = t.layout();
+        match t.cpu_storage() {
+            Some(CpuStorage::F32(v)) => Ok(View {
+                data: Cow::Borrowed(v.as_slice()),
+                off: l.offset,
+                st: [l.strides[0], l.strides[1], l.strides[2], l.strides[3]],
+            }),
+            Some(_) => {
+                // f16: widen once into a contiguous copy.
+                let d = t.dims();
+                Ok(View {
+                    data: Cow::Owned(t.to_vec_f32()?),
+                    off: 0,
+                    st: [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1],
+                })
+            }
+            None => Err(Error::mismatch(OP, "tensor is not on the CPU")),
+        }
+    }
+    /// (start, stride) of row (b, h, t) along D.
+    fn row(&self, b: usize, h: usize, t: usize) -> (usize, usize) {
+        (self.off + b * self.st[0] + h * self.st[1] + t * self.st[2], self.st[3])
+    }
+}
+
+/// Reference: scores, max-subtracted softmax, weighted sum; one row (b, h, i) per rayon task.
+pub fn cpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
+    let s = check(q, k, v)?;
+    let (qv, kv, vv) = (View::of(q)?, View::of(k)?, View::of(v)?);
+    let (qd, kd, vd) = (&*qv.data, &*kv.data, &*vv.data);
+    let g = s.hq / s.hkv;
+    let mut out = vec![0f32; s.b * s.hq * s.tq * s.d];
+    if s.d > 0 {
+        out.par_chunks_mut(s.d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (row, o)| {
+            let i = row % s.tq;
+            let h = (row / s.tq) % s.hq;
+            let b = row / (s.tq * s.hq);
+            let n = s.visible(i, opts.causal);
+            if n == 0 {
+                return;
+            }
+            let (q0, qs) = qv.row(b, h, i);
+            scores.clear();
+            for j in 0..n {
+                let (k0, ks) = kv.row(b, h / g, j);
+                let dot: f32 = (0..s.d).map(|x| qd[q0 + x * qs] * kd[k0 + x * ks]).sum();
+                scores.push(dot * opts.scale);
+            }
+            let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for x in scores.iter_mut() {
+                *x = (*x - mx).exp();
+                sum += *x;
+            }
+            for (j, &pj) in scores.iter().enumerate() {
+                let (v0, vs) = vv.row(b, h / g, j);
+                for (x, ox) in o.iter_mut().enumerate() {
+                    *ox += pj * vd[v0 + x * vs];
+                }
+            }
+            for ox in o.iter_mut() {
+                *ox /= sum;
+            }
+        });
+    }
+    Ok(Tensor::cpu(CpuStorage::F32(out), s.out_shape().into()))
+}
+
+// ---- GPU ----------------------------------------------------------------------------------
+
+/// Tile shape of attention.wgsl: BQ query rows and BK keys per step, NT = TR x CT threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTiles {
+    pub bq: u32,
+    pub bk: u32,
+    pub tr: u32,
+    pub ct: u32,
+}
+
+impl AttentionTiles {
+    fn nt(&self) -> u32 {
+        self.tr * self.ct
+    }
+    /// Workgroup memory in bytes for head dim `d`.
+    fn smem(&self, d: usize) -> u64 {
+        let s = self.strides(d);
+        16 * (self.bq as u64 * s.qs4 + self.bk as u64 * s.ks4) + 4 * (self.bq as u64 * (s.ss + self.ct as u64))
+    }
+    fn strides(&self, d: usize) -> TileStrides {
+        let d4 = d.div_ceil(4) as u64;
+        let kw4 = d4.div_ceil(self.ct as u64) * self.ct as u64;
+        // Odd vec4 strides put the rows that neighbouring threads read in different banks;
+        // BK + 8 staggers the probability rows the same way.
+        TileStrides { d4, kw4, qs4: d4 | 1, ks4: kw4 | 1, ss: self.bk as u64 + 8 }
+    }
+    fn valid(&self) -> bool {
+        self.bq > 0
+            && self.bk > 0
+            && self.tr > 0
+            && self.ct > 0
+            && self.bq % self.tr == 0
+            && self.bk % self.ct == 0
+            && self.tr <= self.bq
+    }
+    fn fits(&self, ctx: &GpuContext, d: usize) -> bool {
+        let c = &ctx.caps;
+        self.valid()
+            && self.nt() <= c.max_compute_invocations_per_workgroup.min(c.max_compute_workgroup_size_x)
+            && self.smem(d) <= c.max_compute_workgroup_storage_size as u64
+    }
+}
+
+/// Row widths and strides of the workgroup tiles, in vec4 (ss: in f32).
+struct TileStrides {
+    d4: u64,
+    kw4: u64,
+    qs4: u64,
+    ks4: u64,
+    ss: u64,
+}
+
+/// Overrides for tests and benchmarks; the defaults pick everything from the shapes and the
+/// device's capabilities.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionTuning {
+    /// Number of key splits (1 = no split).
+    pub splits: Option<usize>,
+    pub tiles: Option<AttentionTiles>,
+}
+
+/// The first tile shape that fits the device: large blocks for long query runs, blocks of the
+/// whole row group for decode (few rows per KV head).
+fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles> {
+    let t = |bq, bk, tr, ct| AttentionTiles { bq, bk, tr, ct };
+    let mut cands = Vec::new();
+    if rows <= 16 {
+        let bq = (rows.max(1).next_power_of_two()) as u32;
+        for (bk, ct) in [(64, 32), (32, 32), (16, 16), (8, 8), (4, 4), (2, 2), (1, 1)] {
+            cands.push(t(bq, bk, bq.min(256 / ct), ct));
+        }
+    }
+    cands.extend([
+        t(64, 32, 32, 8),
+        t(32, 32, 32, 8),
+        t(32, 16, 32, 8),
+        t(16, 16, 16, 8),
+        t(16, 8, 16, 8),
+        t(8, 8, 8, 8),
+        t(4, 8, 4, 8),
+        t(4, 4, 4, 4),
+        t(2, 4, 2, 4),
+        t(1, 4, 1, 4),
+        t(1, 2, 1, 2),
+        t(1, 1, 1, 1),
+    ]);
+    cands.into_iter().find(|c| c.fits(ctx, d)).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{OP}: head dim {d} needs more workgroup memory than this device's {} bytes",
+            ctx.caps.max_compute_workgroup_storage_size
+        ))
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    batch: u32,
+    hkv: u32,
+    g: u32,
+    tq: u32,
+    tk: u32,
+    rows: u32,
+    n_rblocks: u32,
+    n_splits: u32,
+    split_len: u32,
+    causal: u32,
+    scale: f32,
+    _pad0: u32,
+    q_off: u32,
+    k_off: u32,
+    v_off: u32,
+    _pad1: u32,
+    qs: [u32; 4],
+    ks: [u32; 4],
+    vs: [u32; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineParams {
+    n: u32,
+    d: u32,
+    n_splits: u32,
+    _pad: u32,
+}
+
+/// Workgroups that keep a large GPU busy; below this the keys are split (flash-decoding).
+const TARGET_WORKGROUPS: usize = 512;
+
+pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
+    gpu_attention_tuned(q, k, v, opts, AttentionTuning::default())
+}
+
+#[doc(hidden)]
+pub fn gpu_attention_tuned(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    tuning: AttentionTuning,
+) -> Result<Tensor> {
+    let s = check(q, k, v)?;
+    let ctx = gpu_of(OP, q)?;
+    let dev = q.device();
+    if s.tk == 0 {
+        // Softmax over no keys: every row is empty, the output zeros.
+        return Tensor::zeros(s.out_shape(), DType::F32, dev);
+    }
+    let out = Tensor::gpu_empty(s.out_shape(), DType::F32, dev)?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let g = s.hq / s.hkv;
+    let rows = g * s.tq;
+    let tiles = match tuning.tiles {
+        Some(t) if t.fits(&ctx, s.d) => t,
+        Some(t) => return Err(Error::Unsupported(format!("{OP}: tiles {t:?} do not fit this device for D={}", s.d))),
+        None => pick_tiles(&ctx, rows, s.d)?,
+    };
+    let n_rblocks = rows.div_ceil(tiles.bq as usize);
+    let base_wgs = s.b * s.hkv * n_rblocks;
+    let bk = tiles.bk as usize;
+    let n_ktiles = s.tk.div_ceil(bk);
+    let splits = match tuning.splits {
+        Some(n) => n.clamp(1, n_ktiles),
+        // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles.
+        None if base_wgs < TARGET_WORKGROUPS => TARGET_WORKGROUPS.div_ceil(base_wgs).min(n_ktiles / 2).max(1),
+        None => 1,
+    };
+    let split_len = n_ktiles.div_ceil(splits) * bk;
+    let splits = s.tk.div_ceil(split_len);
+
+    let u = |x: usize| to_u32(OP, x);
+    let st = |t: &Tensor| -> Result<[u32; 4]> {
+        let l = &t.layout().strides;
+        Ok([u(l[0])?, u(l[1])?, u(l[2])?, u(l[3])?])
+    };
+    let params = Params {
+        batch: u(s.b)?,
+        hkv: u(s.hkv)?,
+        g: u(g)?,
+        tq: u(s.tq)?,
+        tk: u(s.tk)?,
+        rows: u(rows)?,
+        n_rblocks: u(n_rblocks)?,
+        n_splits: u(splits)?,
+        split_len: u(split_len)?,
+        causal: opts.causal as u32,
+        scale: opts.scale * std::f32::consts::LOG2_E,
+        _pad0: 0,
+        q_off: u(q.layout().offset)?,
+        k_off: u(k.layout().offset)?,
+        v_off: u(v.layout().offset)?,
+        _pad1: 0,
+        qs: st(q)?,
+        ks: st(k)?,
+        vs: st(v)?,
+    };
+
+    let ts = tiles.strides(s.d);
+    let kv_f16 = k.dtype() == DType::F16;
+    let spec = KernelSpec::new(
+        format!("attention_d{}_{}x{}_{}x{}{}", s.d, tiles.bq, tiles.bk, tiles.tr, tiles.ct, if kv_f16 { "_f16kv" } else { "" }),
+        include_str!("attention.wgsl"),
+        "attention",
+    )
+    .constant_u32("D", u(s.d)?)
+    .constant_u32("D4", ts.d4 as u32)
+    .constant_u32("BQ", tiles.bq)
+    .constant_u32("BK", tiles.bk)
+    .constant_u32("TR", tiles.tr)
+    .constant_u32("CT", tiles.ct)
+    .constant_u32("NT", tiles.nt())
+    .constant_u32("SR", tiles.bq / tiles.tr)
+    .constant_u32("SC", tiles.bk / tiles.ct)
+    .constant_u32("OC4", (ts.kw4 / tiles.ct as u64) as u32)
+    .constant_u32("KW4", ts.kw4 as u32)
+    .constant_u32("QS4", ts.qs4 as u32)
+    .constant_u32("KS4", ts.ks4 as u32)
+    .constant_u32("SS", ts.ss as u32);
+    let (kv_t, kv_at) = if kv_f16 {
+        (
+            "u32",
+            "fn k_at(e: u32) -> f32 { return unpack2x16float(kb[e >> 1u])[e & 1u]; }\n\
+             fn v_at(e: u32) -> f32 { return unpack2x16float(vb[e >> 1u])[e & 1u]; }",
+        )
+    } else {
+        ("f32", "fn k_at(e: u32) -> f32 { return kb[e]; }\nfn v_at(e: u32) -> f32 { return vb[e]; }")
+    };
+    let pipeline = ctx.pipeline(&spec, &[("KV_T", kv_t), ("KV_AT", kv_at)])?;
+    let n_wg = u(splits * base_wgs)?;
+    let (bq, bk_, bv) = (buf(q)?, buf(k)?, buf(v)?);
+
+    if splits == 1 {
+        let binds = [Bind::Whole(bq), Bind::Whole(bk_), Bind::Whole(bv), Bind::Whole(buf(&out)?)];
+        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(n_wg))?;
+        return Ok(out);
+    }
+    // Flash-decoding: partial (m, l, acc) per row and split, then the combine pass.
+    let n_out = out.numel();
+    let part_bytes = (n_out / s.d * splits * (s.d + 2) * 4) as u64;
+    let part = ctx.alloc(part_bytes)?;
+    let binds = [Bind::Whole(bq), Bind::Whole(bk_), Bind::Whole(bv), Bind::Whole(&part)];
+    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(n_wg))?;
+    let cparams = CombineParams { n: u(n_out)?, d: u(s.d)?, n_splits: u(splits)?, _pad: 0 };
+    let combine = ctx.pipeline(
+        &KernelSpec::new("attention_combine", include_str!("attention_combine.wgsl"), "attention_combine"),
+        &[],
+    )?;
+    ctx.dispatch(
+        &combine,
+        "attention_combine",
+        bytemuck::bytes_of(&cparams),
+        &[Bind::Whole(&part), Bind::Whole(buf(&out)?)],
+        ctx.grid_1d(u(n_out.div_ceil(256))?),
+    )?;
+    Ok(out)
+}
+
+impl Tensor {
+    /// Scaled dot-product attention with `self` as the queries: `q.attention(k, v, opts)`.
+    /// q [B, Hq, Tq, D] (f32), k/v [B, Hkv, Tk, D] (f32 or f16) -> [B, Hq, Tq, D] (f32).
+    pub fn attention(&self, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
+        same_device(OP, self, k)?;
+        same_device(OP, self, v)?;
+        self.device().backend().attention(self, k, v, opts)
+    }
+}

@@ -1,0 +1,252 @@
+// GGML block decoding shared by the quantized kernels (prepended to matvec.wgsl, matmul.wgsl and
+// gather.wgsl). Each kernel declares the weights as `w: array<u32>`: the blocks' bytes exactly as
+// GGUF stores them (little-endian), uploaded unchanged. Several block types are not a multiple of
+// 4 bytes (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B, Q3_K 110 B, Q6_K 210 B, F16 rows of odd length), so
+// fields are read at byte offsets through the helpers below.
+//
+// `deq8_<type>(rb, c, cols)` expands the 8 consecutive weights at columns c..c+8 (c a multiple of
+// 8) of the row whose first byte is `rb`; the tiled matmul and the row gather use it. The float
+// operations follow quant/dequant.rs (the CPU reference), e.g. (q - 8) * d for Q4_0.
+
+struct V8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// Byte `off` of the weights.
+fn byte_at(off: u32) -> u32 {
+    return (w[off >> 2u] >> ((off & 3u) * 8u)) & 0xFFu;
+}
+
+// The u16 at an even byte offset (every f16 field and F16/BF16 element is at one: all block
+// sizes and field offsets are even), so it never straddles two words.
+fn u16_at(off: u32) -> u32 {
+    return (w[off >> 2u] >> ((off & 2u) * 8u)) & 0xFFFFu;
+}
+
+fn f16_at(off: u32) -> f32 {
+    return unpack2x16float(u16_at(off)).x;
+}
+
+// The u32 at any byte offset: a funnel shift of the two words it spans. (WGSL takes shift
+// amounts modulo 32, hence the select for the aligned case rather than `hi << 32`.) Reading
+// `w[i + 1]` past the end of the binding is clamped by WGSL's bounds rules, and then unused.
+fn u32_at(off: u32) -> u32 {
+    let i = off >> 2u;
+    let s = (off & 3u) * 8u;
+    let lo = w[i];
+    let hi = w[i + 1u];
+    return select((lo >> s) | (hi << (32u - s)), lo, s == 0u);
+}
+
+// Four bytes of `q` as floats (unpack4xU8: exact, no normalisation).
+fn u8x4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(q));
+}
+
+// The low nibble of each byte of `q`.
+fn nib4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(q & 0x0F0F0F0Fu));
+}
+
+// Bits 0..3 of `h` moved to bit 4 of bytes 0..3: the fifth bit of four Q5 weights.
+fn spread4(h: u32) -> u32 {
+    return ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
+}
+
+// A signed byte (Q6_K scales).
+fn i8_of(b: u32) -> i32 {
+    return bitcast<i32>(b << 24u) >> 24u;
+}
+
+// 6-bit scale and min of group g (0..8) of a Q4_K / Q5_K block whose 12 scale bytes start at
+// byte `sb` (ggml's get_scale_min_k4). Branch-free: the three bytes are read for every g.
+fn scale_min_k4(sb: u32, g: u32) -> vec2<f32> {
+    let bg = byte_at(sb + g);
+    let bg4 = byte_at(sb + g + 4u);
+    let blo = byte_at(sb + (g & 3u));
+    let sc = select((bg4 & 15u) | ((blo >> 6u) << 4u), bg & 63u, g < 4u);
+    let m = select((bg4 >> 4u) | ((bg >> 6u) << 4u), bg4 & 63u, g < 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+// Signed 6-bit scale of group g (0..16) of a Q3_K block, scale bytes at `sb` (bias 32 removed).
+fn scale_q3k(sb: u32, g: u32) -> f32 {
+    let low = (byte_at(sb + (g & 7u)) >> (4u * (g >> 3u))) & 15u;
+    let high = (byte_at(sb + 8u + (g & 3u)) >> (2u * (g >> 2u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+// ---- plain float rows: masked at the row end (any number of columns) --------------------------
+
+fn deq8_f32(rb: u32, c: u32, cols: u32) -> V8 {
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = select(0.0, bitcast<f32>(w[(rb >> 2u) + c + i]), c + i < cols);
+    }
+    return V8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+fn deq8_f16(rb: u32, c: u32, cols: u32) -> V8 {
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = select(0.0, f16_at(rb + 2u * (c + i)), c + i < cols);
+    }
+    return V8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+fn deq8_bf16(rb: u32, c: u32, cols: u32) -> V8 {
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = select(0.0, bitcast<f32>(u16_at(rb + 2u * (c + i)) << 16u), c + i < cols);
+    }
+    return V8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// ---- 32-weight blocks --------------------------------------------------------------------------
+
+// Q4_0 (18 B: d, qs[16]): byte l holds weight l (low nibble) and l + 16 (high nibble).
+fn deq8_q4_0(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 5u) * 18u;
+    let j = c & 31u;
+    let d = f16_at(off);
+    let qo = off + 2u + (j & 15u);
+    let sh = (j >> 4u) * 4u;
+    return V8((nib4(u32_at(qo) >> sh) - 8.0) * d, (nib4(u32_at(qo + 4u) >> sh) - 8.0) * d);
+}
+
+// Q4_1 (20 B: d, m, qs[16]): w = d * q + m.
+fn deq8_q4_1(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 5u) * 20u;
+    let j = c & 31u;
+    let dm = unpack2x16float(w[off >> 2u]);
+    let qi = (off + 4u + (j & 15u)) >> 2u;
+    let sh = (j >> 4u) * 4u;
+    return V8(nib4(w[qi] >> sh) * dm.x + dm.y, nib4(w[qi + 1u] >> sh) * dm.x + dm.y);
+}
+
+// Q5_0 (22 B: d, qh u32, qs[16]): fifth bit of weight j is bit j of qh; w = d * (q - 16).
+fn deq8_q5_0(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 5u) * 22u;
+    let j = c & 31u;
+    let d = f16_at(off);
+    let qh = u32_at(off + 2u);
+    let qo = off + 6u + (j & 15u);
+    let sh = (j >> 4u) * 4u;
+    let a = ((u32_at(qo) >> sh) & 0x0F0F0F0Fu) | spread4(qh >> j);
+    let b = ((u32_at(qo + 4u) >> sh) & 0x0F0F0F0Fu) | spread4(qh >> (j + 4u));
+    return V8((u8x4(a) - 16.0) * d, (u8x4(b) - 16.0) * d);
+}
+
+// Q5_1 (24 B: d, m, qh, qs[16]): w = d * q + m.
+fn deq8_q5_1(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 5u) * 24u;
+    let j = c & 31u;
+    let i = off >> 2u;
+    let dm = unpack2x16float(w[i]);
+    let qh = w[i + 1u];
+    let qi = (off + 8u + (j & 15u)) >> 2u;
+    let sh = (j >> 4u) * 4u;
+    let a = ((w[qi] >> sh) & 0x0F0F0F0Fu) | spread4(qh >> j);
+    let b = ((w[qi + 1u] >> sh) & 0x0F0F0F0Fu) | spread4(qh >> (j + 4u));
+    return V8(u8x4(a) * dm.x + dm.y, u8x4(b) * dm.x + dm.y);
+}
+
+// Q8_0 (34 B: d, qs[32] signed): w = d * q.
+fn deq8_q8_0(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 5u) * 34u;
+    let d = f16_at(off);
+    let qo = off + 2u + (c & 31u);
+    return V8(vec4<f32>(unpack4xI8(u32_at(qo))) * d, vec4<f32>(unpack4xI8(u32_at(qo + 4u))) * d);
+}
+
+// ---- 256-weight super-blocks (k-quants) --------------------------------------------------------
+// Weight j of a Q2_K/Q3_K block is 128n + 32jj + 16h + l: 2 bits at shift 2jj of qs[32n + 16h + l],
+// group 8n + 2jj + h.
+
+// Q2_K (84 B: scales[16], qs[64], d, dmin): w = d * (sc & 15) * q - dmin * (sc >> 4).
+fn deq8_q2k(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 8u) * 84u;
+    let j = c & 255u;
+    let n = j >> 7u;
+    let jj = (j >> 5u) & 3u;
+    let h = (j >> 4u) & 1u;
+    let sc = byte_at(off + 8u * n + 2u * jj + h);
+    let dd = unpack2x16float(w[(off + 80u) >> 2u]);
+    let dl = dd.x * f32(sc & 15u);
+    let ml = dd.y * f32(sc >> 4u);
+    let qi = (off + 16u + 32u * n + 16u * h + (j & 15u)) >> 2u;
+    let a = (w[qi] >> (2u * jj)) & 0x03030303u;
+    let b = (w[qi + 1u] >> (2u * jj)) & 0x03030303u;
+    return V8(dl * u8x4(a) - ml, dl * u8x4(b) - ml);
+}
+
+// Q3_K (110 B: hmask[32], qs[64], scales[12], d): q = low 2 bits | high bit << 2, w = d*sc*(q - 4).
+fn deq8_q3k(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 8u) * 110u;
+    let j = c & 255u;
+    let n = j >> 7u;
+    let jj = (j >> 5u) & 3u;
+    let h = (j >> 4u) & 1u;
+    let l = j & 15u;
+    let dl = f16_at(off + 108u) * scale_q3k(off + 96u, 8u * n + 2u * jj + h);
+    let qo = off + 32u + 32u * n + 16u * h + l;
+    let ho = off + 16u * h + l;
+    let hs = 4u * n + jj;
+    let a = ((u32_at(qo) >> (2u * jj)) & 0x03030303u) | (((u32_at(ho) >> hs) & 0x01010101u) << 2u);
+    let b = ((u32_at(qo + 4u) >> (2u * jj)) & 0x03030303u) | (((u32_at(ho + 4u) >> hs) & 0x01010101u) << 2u);
+    return V8(dl * (u8x4(a) - 4.0), dl * (u8x4(b) - 4.0));
+}
+
+// Q4_K (144 B: d, dmin, scales[12], qs[128]): byte l of chunk k holds weight 64k + l (low nibble,
+// group 2k) and 64k + 32 + l (high nibble, group 2k + 1); w = d * sc * q - dmin * m.
+fn deq8_q4k(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 8u) * 144u;
+    let j = c & 255u;
+    let k = j >> 6u;
+    let hh = (j >> 5u) & 1u;
+    let dd = unpack2x16float(w[off >> 2u]);
+    let sm = scale_min_k4(off + 4u, 2u * k + hh);
+    let dl = dd.x * sm.x;
+    let ml = dd.y * sm.y;
+    let qi = (off + 16u + 32u * k + (j & 31u)) >> 2u;
+    return V8(dl * nib4(w[qi] >> (4u * hh)) - ml, dl * nib4(w[qi + 1u] >> (4u * hh)) - ml);
+}
+
+// Q5_K (176 B: d, dmin, scales[12], qh[32], qs[128]): Q4_K plus bit g of qh[l] as the fifth bit.
+fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 8u) * 176u;
+    let j = c & 255u;
+    let k = j >> 6u;
+    let hh = (j >> 5u) & 1u;
+    let g = 2u * k + hh;
+    let l = j & 31u;
+    let dd = unpack2x16float(w[off >> 2u]);
+    let sm = scale_min_k4(off + 4u, g);
+    let dl = dd.x * sm.x;
+    let ml = dd.y * sm.y;
+    let hi = (off + 16u + l) >> 2u;
+    let qi = (off + 48u + 32u * k + l) >> 2u;
+    let a = ((w[qi] >> (4u * hh)) & 0x0F0F0F0Fu) | (((w[hi] >> g) & 0x01010101u) << 4u);
+    let b = ((w[qi + 1u] >> (4u * hh)) & 0x0F0F0F0Fu) | (((w[hi + 1u] >> g) & 0x01010101u) << 4u);
+    return V8(dl * u8x4(a) - ml, dl * u8x4(b) - ml);
+}
+
+// Q6_K (210 B: ql[128], qh[64], scales[16] signed, d): in half n, weight 128n + 32i + l takes 4 bits
+// from ql[64n + 32(i % 2) + l] (nibble i / 2), 2 bits from qh[32n + l] at shift 2i, scale
+// 8n + l / 16 + 2i; w = d * sc * (q - 32).
+fn deq8_q6k(rb: u32, c: u32, cols: u32) -> V8 {
+    let off = rb + (c >> 8u) * 210u;
+    let j = c & 255u;
+    let n = j >> 7u;
+    let i = (j >> 5u) & 3u;
+    let l = j & 31u;
+    let qlo = off + 64u * n + 32u * (i & 1u) + l;
+    let qho = off + 128u + 32u * n + l;
+    let ns = 4u * (i >> 1u);
+    let hs = 2u * i;
+    let dl = f16_at(off + 208u) * f32(i8_of(byte_at(off + 192u + 8u * n + (l >> 4u) + 2u * i)));
+    let a = ((u32_at(qlo) >> ns) & 0x0F0F0F0Fu) | (((u32_at(qho) >> hs) & 0x03030303u) << 4u);
+    let b = ((u32_at(qlo + 4u) >> ns) & 0x0F0F0F0Fu) | (((u32_at(qho + 4u) >> hs) & 0x03030303u) << 4u);
+    return V8(dl * (u8x4(a) - 32.0), dl * (u8x4(b) - 32.0));
+}

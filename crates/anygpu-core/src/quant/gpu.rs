@@ -1,0 +1,381 @@
+//! WGSL kernels that read GGML blocks as stored: quantized matrix-vector / matrix-matrix
+//! products and row gathers. The weights stay in VRAM exactly as the file holds them
+//! (`QStorage::Gpu`, bound as `array<u32>`); kernels decode blocks in registers.
+//!
+//! # Decode (n = 1): memory-bound, the floor is weight bytes / bandwidth
+//!
+//! Bytes per row of `cols` weights: F32 4·cols, F16/BF16 2·cols, Q8_0 34·cols/32 (1.06 B per
+//! weight), Q6_K 210·cols/256 (0.82), Q5_1 24/32 (0.75), Q5_0 22/32 and Q5_K 176/256 (0.69),
+//! Q4_1 20/32 (0.625), Q4_0 18/32 and Q4_K 144/256 (0.5625), Q3_K 110/256 (0.43), Q2_K 84/256
+//! (0.33). On an H100 (~3 TB/s): a 4096 x 4096 Q4_K matrix is 9.4 MB, 3.1 µs; a 576 x 1536 Q4_1
+//! one is 0.55 MB, 0.18 µs, far below the ~4.5 µs a dispatch costs, so small matrices are bound
+//! by dispatch overhead, not by these kernels. x (cols·4 bytes) is read by every workgroup but
+//! from cache, and y is rows·4 bytes: both negligible next to W.
+//!
+//! Design (matvec.wgsl): 256 invocations per workgroup, a power-of-two `TPR` of them per row
+//! (chosen from the row's work units so short rows do not leave most invocations idle), the rest
+//! of the workgroup on further rows. A work unit is one block for the 32-weight types and a
+//! quarter super-block (64 weights, 16-32 bytes of quants) for the k-quants; invocation t takes
+//! units t, t + TPR, ... so a warp's loads cover one contiguous stretch of the row, and each unit
+//! is decoded in registers and multiplied with x right away (`unpack4xU8` + vec4 FMAs, the min /
+//! offset terms folded per group as d·Σq·x − m·Σx). Blocks whose size is not a multiple of 4
+//! bytes (18, 22, 34, 110, 210) are read as whole words and funnel-shifted (common.wgsl). The
+//! row's partial sums meet in a workgroup tree: log2(TPR) barrier steps, once per row.
+//!
+//! # Prefill (n > 1)
+//!
+//! matmul.wgsl: 64 x 64 output tiles, K in steps of 32; each step dequantizes the W tile into
+//! workgroup memory once and reuses it for 64 x rows (16 KiB of workgroup memory: WebGPU's
+//! default). Small batches (n <= [`MATVEC_MAX_N`]) use the matvec kernel once per x row instead:
+//! a tile of 64 x rows would be mostly empty.
+//!
+//! # Limits
+//!
+//! A matrix larger than `max_storage_buffer_binding_size` (128 MiB under WebGPU's defaults) is
+//! bound in row slices at offsets that are multiples of 256 bytes, one dispatch per slice; x and
+//! the output are sliced the same way over x rows when they exceed the limit.
+
+use std::sync::Arc;
+
+use super::{GgmlType, QStorage, QTensor};
+use crate::error::{Error, Result};
+use crate::gpu::{Bind, GpuBuffer, GpuContext, KernelSpec};
+use crate::ops::to_u32;
+use crate::tensor::{DType, Tensor};
+
+const COMMON_WGSL: &str = include_str!("common.wgsl");
+
+/// Invocations per workgroup of every kernel here (WebGPU's default maximum).
+const WG: usize = 256;
+
+/// Binding offsets are rounded down to this (WebGPU caps min_storage_buffer_offset_alignment
+/// at 256, and every power of two up to it divides it).
+const BIND_ALIGN: u64 = 256;
+
+/// Up to this many x rows, the matvec kernel (run once per x row) beats a 64-row tile.
+pub const MATVEC_MAX_N: usize = 4;
+
+/// Which kernel a product uses (tests force each one on every shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QKernel {
+    /// The matrix-vector kernel, once per x row.
+    Matvec,
+    /// The tiled matrix-matrix kernel.
+    Tiled,
+}
+
+/// Knobs for tests and benchmarks; `Default` is what `QTensor::qmatmul` uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QOptions {
+    /// Force a kernel instead of choosing by the number of x rows.
+    pub kernel: Option<QKernel>,
+    /// Bind at most this many bytes at once (tests of the row slicing); the device's
+    /// `max_storage_buffer_binding_size` when `None`.
+    pub max_binding: Option<u64>,
+}
+
+/// The WGSL suffix of a type's functions (`mv_q4_0`, `deq8_q4_0`).
+fn wgsl_name(ty: GgmlType) -> &'static str {
+    match ty {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2K => "q2k",
+        GgmlType::Q3K => "q3k",
+        GgmlType::Q4K => "q4k",
+        GgmlType::Q5K => "q5k",
+        GgmlType::Q6K => "q6k",
+    }
+}
+
+/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl).
+fn matvec_units(ty: GgmlType, cols: usize) -> usize {
+    match ty {
+        GgmlType::F32 => cols.div_ceil(4),
+        GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(8),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 32,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 256 * 4,
+    }
+}
+
+/// Invocations per row: enough for about two units each, a power of two in 1..=256.
+fn threads_per_row(units: usize) -> usize {
+    units.div_ceil(2).next_power_of_two().clamp(1, WG)
+}
+
+/// A run of W rows bound on their own: `rows` rows from `r0`, bound at byte `bind_off` of the
+/// weight buffer for `bind_len` bytes; row r0 starts `w_off` bytes into the binding.
+struct RowSlice {
+    r0: usize,
+    rows: usize,
+    bind_off: u64,
+    bind_len: u64,
+    w_off: u32,
+}
+
+/// Splits W into row slices that each fit in one binding of at most `max_binding` bytes.
+fn row_slices(op: &'static str, w: &QTensor, max_binding: u64) -> Result<Vec<RowSlice>> {
+    let rb = w.row_bytes() as u64;
+    let total = w.byte_len() as u64;
+    if total <= max_binding {
+        return Ok(vec![RowSlice { r0: 0, rows: w.rows(), bind_off: 0, bind_len: total, w_off: 0 }]);
+    }
+    // Each slice may start up to BIND_ALIGN - 1 bytes into its binding.
+    let per = max_binding.saturating_sub(BIND_ALIGN) / rb.max(1);
+    if per == 0 {
+        return Err(Error::Unsupported(format!(
+            "{op}: one row of the {} [{}, {}] matrix is {rb} bytes, more than this device binds at once \
+             (max_storage_buffer_binding_size {max_binding} bytes)",
+            w.ggml_type(),
+            w.rows(),
+            w.cols()
+        )));
+    }
+    let mut out = Vec::new();
+    let mut r0 = 0usize;
+    while r0 < w.rows() {
+        let rows = (per as usize).min(w.rows() - r0);
+        let start = r0 as u64 * rb;
+        let bind_off = start / BIND_ALIGN * BIND_ALIGN;
+        let w_off = (start - bind_off) as u32;
+        out.push(RowSlice { r0, rows, bind_off, bind_len: w_off as u64 + rows as u64 * rb, w_off });
+        r0 += rows;
+    }
+    Ok(out)
+}
+
+/// The weight buffer and its context.
+fn gpu_weights(op: &'static str, w: &QTensor) -> Result<(Arc<GpuBuffer>, Arc<GpuContext>)> {
+    match w.storage() {
+        QStorage::Gpu(b) => Ok((b.clone(), b.context().clone())),
+        QStorage::Cpu { .. } => Err(Error::mismatch(op, "weights are not on a GPU")),
+    }
+}
+
+/// The largest binding to use: the device's limit (or a test's), kept within the kernels' u32
+/// byte offsets.
+fn binding_limit(ctx: &GpuContext, opts: &QOptions) -> u64 {
+    opts.max_binding.unwrap_or(ctx.caps.max_storage_buffer_binding_size).min(u32::MAX as u64)
+}
+
+/// A binding that starts `start` bytes into `buf` and spans `len` bytes, at an offset rounded
+/// down to [`BIND_ALIGN`]; returns it with the distance from its start to `start`.
+fn window(buf: &wgpu::Buffer, start: u64, len: u64) -> (Bind<'_>, u64) {
+    let off = start / BIND_ALIGN * BIND_ALIGN;
+    (Bind::Slice(buf, off, start - off + len), start - off)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatvecParams {
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    w_off: u32,
+    units: u32,
+    x_off: u32,
+    x_stride: u32,
+    out_off: u32,
+    out_stride: u32,
+    groups: u32,
+    n: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulParams {
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    w_off: u32,
+    n: u32,
+    x_off: u32,
+    out_off: u32,
+    out_stride: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GatherParams {
+    cols: u32,
+    row_bytes: u32,
+    w_off: u32,
+    n_ids: u32,
+    r0: u32,
+    rows: u32,
+    _pad: [u32; 2],
+}
+
+/// `fn deq8` forwarding to the type's expansion (matmul.wgsl, gather.wgsl).
+fn deq8_header(ty: GgmlType) -> String {
+    format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{}(rb, c, cols); }}", wgsl_name(ty))
+}
+
+/// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
+pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Result<Tensor> {
+    qmatmul_with(w, x, n, out_shape, QOptions::default())
+}
+
+/// [`qmatmul`] with the kernel choice and binding limit of `opts` (tests, benchmarks). Shapes
+/// are checked as `QTensor::qmatmul` does.
+pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
+    const OP: &str = "qmatmul";
+    if !x.device().same(w.device()) || x.dtype() != DType::F32 || x.dims().last() != Some(&w.cols()) {
+        return Err(Error::shape(
+            OP,
+            format!("input {} ({}) does not match weights [{}, {}]", x.shape(), x.dtype(), w.rows(), w.cols()),
+        ));
+    }
+    let n = x.numel() / w.cols().max(1);
+    let mut out_shape = x.dims().to_vec();
+    if let Some(last) = out_shape.last_mut() {
+        *last = w.rows();
+    }
+    qmatmul_with(w, x, n, out_shape, opts)
+}
+
+fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: QOptions) -> Result<Tensor> {
+    const OP: &str = "qmatmul";
+    let (wbuf, ctx) = gpu_weights(OP, w)?;
+    let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
+    if n == 0 || rows == 0 || cols == 0 {
+        return Tensor::zeros(out_shape, DType::F32, w.device());
+    }
+    let out = Tensor::gpu_empty(out_shape, DType::F32, w.device())?;
+    let mut x = x.contiguous()?;
+    // The quantized kernels read x as vec4: its first element must sit on a 16-byte boundary
+    // (rows are whole 32-weight blocks, so every row then does).
+    if ty.is_quantized() && x.layout().offset % 4 != 0 {
+        x = crate::ops::copy::gpu_contiguous(&x)?;
+    }
+    let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
+    let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
+    let max_binding = binding_limit(&ctx, &opts);
+    let slices = row_slices(OP, w, max_binding)?;
+    let kernel = opts.kernel.unwrap_or(if n <= MATVEC_MAX_N { QKernel::Matvec } else { QKernel::Tiled });
+
+    // x rows per dispatch: all of them unless x or the output exceeds one binding.
+    let widest = (cols.max(rows) as u64) * 4;
+    let n_per = ((max_binding.saturating_sub(BIND_ALIGN) / widest) as usize).min(n);
+    if n_per == 0 {
+        return Err(Error::Unsupported(format!(
+            "{OP}: one row of input or output ({cols} or {rows} floats) exceeds this device's \
+             max_storage_buffer_binding_size of {max_binding} bytes"
+        )));
+    }
+    let u = |v: usize| to_u32(OP, v);
+    // Every element index the kernels form must fit u32.
+    u(n.checked_mul(rows.max(cols)).ok_or_else(|| Error::shape(OP, "size overflows"))?)?;
+
+    let name = wgsl_name(ty);
+    let tpr = threads_per_row(matvec_units(ty, cols));
+    let spec = match kernel {
+        QKernel::Matvec => KernelSpec::new(format!("qmatvec_{name}_t{tpr}"), include_str!("matvec.wgsl"), "matvec")
+            .with(COMMON_WGSL)
+            .with(&format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"))
+            .constant_u32("TPR", tpr as u32)
+            .constant_u32("RPW", (WG / tpr) as u32),
+        QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), include_str!("matmul.wgsl"), "matmul")
+            .with(COMMON_WGSL)
+            .with(&deq8_header(ty)),
+    };
+    let pipeline = ctx.pipeline(&spec, &[])?;
+    // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
+    let x_unit = if kernel == QKernel::Matvec && ty.is_quantized() { 16 } else { 4 };
+    let x_start = x.layout().offset as u64 * 4;
+    let mut n0 = 0;
+    while n0 < n {
+        let nc = n_per.min(n - n0);
+        for s in &slices {
+            let (xbind, x_delta) = window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4);
+            let (obind, o_delta) = window(obuf.buffer(), (n0 * rows) as u64 * 4, (nc * rows) as u64 * 4);
+            let binds = [Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
+            let out_off = u(o_delta as usize / 4 + s.r0)?;
+            let x_off = u(x_delta as usize / x_unit)?;
+            match kernel {
+                QKernel::Matvec => {
+                    let groups = s.rows.div_ceil(WG / tpr);
+                    let params = MatvecParams {
+                        rows: u(s.rows)?,
+                        cols: u(cols)?,
+                        row_bytes: u(w.row_bytes())?,
+                        w_off: s.w_off,
+                        units: u(matvec_units(ty, cols))?,
+                        x_off,
+                        x_stride: u(cols * 4 / x_unit)?,
+                        out_off,
+                        out_stride: u(rows)?,
+                        groups: u(groups)?,
+                        n: u(nc)?,
+                        _pad: 0,
+                    };
+                    let wgs = groups.checked_mul(nc).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
+                    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(wgs)?))?;
+                }
+                QKernel::Tiled => {
+                    let params = MatmulParams {
+                        rows: u(s.rows)?,
+                        cols: u(cols)?,
+                        row_bytes: u(w.row_bytes())?,
+                        w_off: s.w_off,
+                        n: u(nc)?,
+                        x_off,
+                        out_off,
+                        out_stride: u(rows)?,
+                    };
+                    let grid = [u(s.rows.div_ceil(64))?, u(nc.div_ceil(64))?, 1];
+                    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, grid)?;
+                }
+            }
+        }
+        n0 += nc;
+    }
+    Ok(out)
+}
+
+/// Rows `ids` of W dequantized to f32 [len(ids), cols] (ids already range-checked).
+pub fn gather_rows(w: &QTensor, ids: &[u32]) -> Result<Tensor> {
+    gather_rows_opts(w, ids, QOptions::default())
+}
+
+/// [`gather_rows`] with the binding limit of `opts` (tests of the row slicing).
+pub fn gather_rows_opts(w: &QTensor, ids: &[u32], opts: QOptions) -> Result<Tensor> {
+    const OP: &str = "embedding";
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= w.rows()) {
+        return Err(Error::Index { op: OP, index: bad as i64, len: w.rows() });
+    }
+    let (wbuf, ctx) = gpu_weights(OP, w)?;
+    let (cols, ty) = (w.cols(), w.ggml_type());
+    let out = Tensor::gpu_empty(vec![ids.len(), cols], DType::F32, w.device())?;
+    if ids.is_empty() || cols == 0 {
+        return Ok(out);
+    }
+    let u = |v: usize| to_u32(OP, v);
+    u(ids.len().checked_mul(cols).ok_or_else(|| Error::shape(OP, "output size overflows"))?)?;
+    let idbuf = ctx.upload(bytemuck::cast_slice(ids))?;
+    let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
+    let spec = KernelSpec::new(format!("qgather_{}", wgsl_name(ty)), include_str!("gather.wgsl"), "gather")
+        .with(COMMON_WGSL)
+        .with(&deq8_header(ty));
+    let pipeline = ctx.pipeline(&spec, &[])?;
+    for s in row_slices(OP, w, binding_limit(&ctx, &opts))? {
+        let params = GatherParams {
+            cols: u(cols)?,
+            row_bytes: u(w.row_bytes())?,
+            w_off: s.w_off,
+            n_ids: u(ids.len())?,
+            r0: u(s.r0)?,
+            rows: u(s.rows)?,
+            _pad: [0; 2],
+        };
+        let binds = [Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), Bind::Whole(&idbuf), Bind::Whole(obuf)];
+        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(ids.len())?))?;
+    }
+    Ok(out)
+}

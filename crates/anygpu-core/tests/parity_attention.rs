@@ -1,0 +1,294 @@
+//! Parity tests for fused attention: odd shapes, grouped-query heads, causal prefill and
+//! continuation (Tq < Tk), strided views, f16 K/V, the split-key (flash-decoding) path, and the
+//! errors. Each body runs on the CPU reference and on every GPU device (see anygpu_core::testing).
+
+use anygpu_core::ops::attention::{gpu_attention_tuned, AttentionOpts, AttentionTiles, AttentionTuning};
+use anygpu_core::testing::{gpu_devices, parity, parity_err, rand_vec};
+use anygpu_core::{Device, Result, Tensor};
+
+/// Tests run one at a time: wgpu's GL backend panics when another thread holds its context for
+/// over a second, which a long llvmpipe dispatch or shader compile can.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn t(seed: u64, dims: &[usize], d: &Device) -> Tensor {
+    Tensor::from_vec(rand_vec(seed, dims.iter().product()), dims, &Device::Cpu)
+        .and_then(|t| t.to_device(d))
+        .expect("upload")
+}
+
+fn f16(seed: u64, dims: &[usize], d: &Device) -> Tensor {
+    let h: Vec<half::f16> = rand_vec(seed, dims.iter().product()).iter().map(|&x| half::f16::from_f32(x)).collect();
+    Tensor::from_slice(&h, dims, d).expect("upload")
+}
+
+/// q/k/v as the transposes of [B, T, H, D] that an LLM produces.
+fn bthd(seed: u64, b: usize, h: usize, tt: usize, dd: usize, d: &Device) -> Tensor {
+    t(seed, &[b, tt, h, dd], d).transpose(1, 2).expect("transpose")
+}
+
+/// One case: shapes, options, and the tuning overrides for GPU runs (None on the CPU).
+#[derive(Clone, Copy)]
+struct Case {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    causal: bool,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!(
+            "attention B{} Hq{} Hkv{} Tq{} Tk{} D{}{}",
+            self.b,
+            self.hq,
+            self.hkv,
+            self.tq,
+            self.tk,
+            self.d,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+    fn opts(&self) -> AttentionOpts {
+        AttentionOpts::new(self.d, self.causal)
+    }
+    fn run(&self, dev: &Device, tuning: Option<AttentionTuning>, layout: Layout) -> Result<Vec<f32>> {
+        let (q, k, v) = match layout {
+            Layout::Contiguous => (
+                t(1, &[self.b, self.hq, self.tq, self.d], dev),
+                t(2, &[self.b, self.hkv, self.tk, self.d], dev),
+                t(3, &[self.b, self.hkv, self.tk, self.d], dev),
+            ),
+            Layout::Bthd => (
+                bthd(1, self.b, self.hq, self.tq, self.d, dev),
+                bthd(2, self.b, self.hkv, self.tk, self.d, dev),
+                bthd(3, self.b, self.hkv, self.tk, self.d, dev),
+            ),
+            Layout::F16Kv => (
+                t(1, &[self.b, self.hq, self.tq, self.d], dev),
+                f16(2, &[self.b, self.hkv, self.tk, self.d], dev),
+                f16(3, &[self.b, self.hkv, self.tk, self.d], dev),
+            ),
+        };
+        let o = match (dev, tuning) {
+            (Device::Gpu(_), Some(tn)) => gpu_attention_tuned(&q, &k, &v, &self.opts(), tn)?,
+            _ => q.attention(&k, &v, &self.opts())?,
+        };
+        assert_eq!(o.dims(), &[self.b, self.hq, self.tq, self.d]);
+        o.to_vec_f32()
+    }
+    fn check(&self, tuning: Option<AttentionTuning>, layout: Layout) {
+        let t0 = std::time::Instant::now();
+        parity(&format!("{} {layout:?} {tuning:?}", self.name()), 2e-5, 2e-4, |dev| self.run(dev, tuning, layout));
+        eprintln!("{} {layout:?} {tuning:?}: {:?}", self.name(), t0.elapsed());
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Contiguous,
+    Bthd,
+    F16Kv,
+}
+
+fn case(b: usize, hq: usize, hkv: usize, tq: usize, tk: usize, d: usize, causal: bool) -> Case {
+    Case { b, hq, hkv, tq, tk, d, causal }
+}
+
+#[test]
+fn a_gpu_adapter_is_tested() {
+    let names: Vec<String> = gpu_devices().iter().map(|d| d.name()).collect();
+    eprintln!("GPU devices under test: {names:?}");
+    if anygpu_core::testing::require_gpu() {
+        assert!(!names.is_empty(), "no GPU device under test");
+    }
+}
+
+#[test]
+fn odd_shapes_prefill() {
+    let _serial = serial();
+    for &(tq, tk) in &[(1, 1), (7, 7), (33, 33), (7, 33), (33, 7)] {
+        for &d in &[1, 8, 64, 80] {
+            for causal in [false, true] {
+                case(1, 2, 1, tq, tk, d, causal).check(None, Layout::Contiguous);
+            }
+        }
+    }
+}
+
+#[test]
+fn long_keys_and_head_dim_128() {
+    let _serial = serial();
+    // Tk = 257 splits the keys over several workgroups by default (few rows, few blocks).
+    for &(tq, causal) in &[(1, false), (7, true), (33, true), (257, true)] {
+        case(1, 1, 1, tq, 257, 128, causal).check(None, Layout::Contiguous);
+    }
+    case(1, 2, 2, 257, 257, 64, false).check(None, Layout::Contiguous);
+}
+
+#[test]
+fn grouped_query_heads() {
+    let _serial = serial();
+    for &(hq, hkv) in &[(1, 1), (4, 2), (8, 1)] {
+        for &(tq, tk) in &[(1, 33), (7, 33), (33, 33)] {
+            case(2, hq, hkv, tq, tk, 64, true).check(None, Layout::Contiguous);
+        }
+    }
+    case(1, 8, 1, 1, 257, 80, false).check(None, Layout::Contiguous);
+}
+
+#[test]
+fn strided_views_and_f16_kv() {
+    let _serial = serial();
+    for &(tq, tk, d) in &[(7, 33, 64), (33, 33, 80), (1, 257, 128)] {
+        let c = case(2, 4, 2, tq, tk, d, true);
+        c.check(None, Layout::Bthd);
+        // f16 K/V: the CPU reference widens the same f16 values, so the tolerance stays tight.
+        c.check(None, Layout::F16Kv);
+    }
+    // Views that start mid-buffer.
+    parity("attention narrowed views", 2e-5, 2e-4, |dev| {
+        let q = t(4, &[1, 3, 9, 16], dev).narrow(2, 2, 7)?;
+        let k = t(5, &[1, 1, 40, 16], dev).narrow(2, 5, 33)?;
+        let v = t(6, &[1, 1, 40, 16], dev).narrow(2, 3, 33)?;
+        q.attention(&k, &v, &AttentionOpts::new(16, true))?.to_vec_f32()
+    });
+}
+
+#[test]
+fn forced_splits_and_tiles() {
+    let _serial = serial();
+    // The split path and the single-pass path on the same shapes, and small tile shapes.
+    let tiny = AttentionTiles { bq: 4, bk: 4, tr: 4, ct: 4 };
+    let wide = AttentionTiles { bq: 2, bk: 32, tr: 2, ct: 32 };
+    for c in [case(1, 4, 2, 7, 257, 64, true), case(1, 2, 1, 33, 100, 80, false), case(2, 2, 2, 1, 33, 8, true)] {
+        for splits in [1, 3, 64] {
+            c.check(Some(AttentionTuning { splits: Some(splits), tiles: None }), Layout::Contiguous);
+        }
+        for tiles in [tiny, wide] {
+            c.check(Some(AttentionTuning { splits: Some(2), tiles: Some(tiles) }), Layout::Contiguous);
+            c.check(Some(AttentionTuning { splits: Some(1), tiles: Some(tiles) }), Layout::Bthd);
+        }
+    }
+}
+
+#[test]
+fn head_dim_256_and_no_keys() {
+    let _serial = serial();
+    case(1, 2, 1, 7, 33, 256, true).check(None, Layout::Contiguous);
+    // Causal with Tq > Tk: the first queries see no key and get zeros.
+    case(1, 1, 1, 9, 4, 8, true).check(None, Layout::Contiguous);
+    // Tk = 0: zeros.
+    case(1, 2, 1, 3, 0, 8, false).check(None, Layout::Contiguous);
+}
+
+#[test]
+fn shape_errors() {
+    let _serial = serial();
+    let opts = AttentionOpts::new(8, false);
+    parity_err("heads not a multiple", "not a multiple", |d| {
+        t(1, &[1, 3, 4, 8], d).attention(&t(2, &[1, 2, 5, 8], d), &t(3, &[1, 2, 5, 8], d), &opts)
+    });
+    parity_err("head dims differ", "head dims differ", |d| {
+        t(1, &[1, 2, 4, 8], d).attention(&t(2, &[1, 2, 5, 16], d), &t(3, &[1, 2, 5, 16], d), &opts)
+    });
+    parity_err("k v differ", "k and v shapes differ", |d| {
+        t(1, &[1, 2, 4, 8], d).attention(&t(2, &[1, 2, 5, 8], d), &t(3, &[1, 2, 6, 8], d), &opts)
+    });
+    parity_err("batch differs", "batch sizes differ", |d| {
+        t(1, &[2, 2, 4, 8], d).attention(&t(2, &[1, 2, 5, 8], d), &t(3, &[1, 2, 5, 8], d), &opts)
+    });
+    parity_err("rank", "4-D", |d| t(1, &[2, 4, 8], d).attention(&t(2, &[2, 5, 8], d), &t(3, &[2, 5, 8], d), &opts));
+    parity_err("dtype", "must be f32", |d| {
+        f16(1, &[1, 2, 4, 8], d).attention(&t(2, &[1, 2, 5, 8], d), &t(3, &[1, 2, 5, 8], d), &opts)
+    });
+    parity_err("zero kv heads", "not a multiple", |d| {
+        t(1, &[1, 2, 4, 8], d).attention(&t(2, &[1, 0, 5, 8], d), &t(3, &[1, 0, 5, 8], d), &opts)
+    });
+}
+
+/// Benchmark (not part of the suite): `ATTN_BENCH="B,Hq,Hkv,Tq,Tk,D,causal[,f16][,splits=N][,tiles=bq/bk/tr/ct]";...`
+/// `cargo test --release -p anygpu-core --test parity_attention bench -- --ignored --nocapture`.
+/// Runs on the first GPU device; flops counted as 4 * B * Hq * D * (visible query-key pairs).
+#[test]
+#[ignore]
+fn bench() {
+    let spec = std::env::var("ATTN_BENCH").unwrap_or_else(|_| "1,32,32,4096,4096,128,1".into());
+    let iters: usize = std::env::var("ATTN_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let idx: usize = std::env::var("ATTN_DEV").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let dev = gpu_devices().get(idx).expect("no such GPU device").clone();
+    eprintln!("device: {}", dev.name());
+    for one in spec.split(';').filter(|s| !s.is_empty()) {
+        let f: Vec<&str> = one.split(',').collect();
+        let n = |i: usize| f[i].trim().parse::<usize>().expect("number");
+        let c = case(n(0), n(1), n(2), n(3), n(4), n(5), n(6) != 0);
+        let mut tuning = AttentionTuning::default();
+        let mut layout = Layout::Contiguous;
+        for extra in &f[7..] {
+            if *extra == "f16" {
+                layout = Layout::F16Kv;
+            } else if let Some(v) = extra.strip_prefix("splits=") {
+                tuning.splits = v.parse().ok();
+            } else if let Some(v) = extra.strip_prefix("tiles=") {
+                let x: Vec<u32> = v.split('/').map(|y| y.parse().expect("tile")).collect();
+                tuning.tiles = Some(AttentionTiles { bq: x[0], bk: x[1], tr: x[2], ct: x[3] });
+            } else if *extra == "bthd" {
+                layout = Layout::Bthd;
+            }
+        }
+        let (q, k, v) = match layout {
+            Layout::F16Kv => (
+                t(1, &[c.b, c.hq, c.tq, c.d], &dev),
+                f16(2, &[c.b, c.hkv, c.tk, c.d], &dev),
+                f16(3, &[c.b, c.hkv, c.tk, c.d], &dev),
+            ),
+            Layout::Bthd => (
+                bthd(1, c.b, c.hq, c.tq, c.d, &dev),
+                bthd(2, c.b, c.hkv, c.tk, c.d, &dev),
+                bthd(3, c.b, c.hkv, c.tk, c.d, &dev),
+            ),
+            Layout::Contiguous => (
+                t(1, &[c.b, c.hq, c.tq, c.d], &dev),
+                t(2, &[c.b, c.hkv, c.tk, c.d], &dev),
+                t(3, &[c.b, c.hkv, c.tk, c.d], &dev),
+            ),
+        };
+        let t0 = std::time::Instant::now();
+        let first = gpu_attention_tuned(&q, &k, &v, &c.opts(), tuning).expect("attention");
+        dev.sync().expect("sync");
+        let warm = t0.elapsed();
+        let t1 = std::time::Instant::now();
+        for _ in 0..iters {
+            drop(gpu_attention_tuned(&q, &k, &v, &c.opts(), tuning).expect("attention"));
+        }
+        dev.sync().expect("sync");
+        let dt = t1.elapsed().as_secs_f64() / iters as f64;
+        let pairs: usize = (0..c.tq).map(|i| if c.causal { (i + 1 + c.tk).saturating_sub(c.tq).min(c.tk) } else { c.tk }).sum();
+        let flops = 4.0 * (c.b * c.hq * c.d * pairs) as f64;
+        let bytes = (c.b * c.hkv * c.tk * c.d * 2 * if matches!(layout, Layout::F16Kv) { 2 } else { 4 }) as f64;
+        eprintln!(
+            "{} {layout:?} {tuning:?}: first {:.1} ms, {:.3} ms/iter, {:.2} TFLOP/s, KV {:.0} GB/s",
+            c.name(),
+            warm.as_secs_f64() * 1e3,
+            dt * 1e3,
+            flops / dt / 1e12,
+            bytes / dt / 1e9
+        );
+        if std::env::var("ATTN_CHECK").is_ok() {
+            let want = q.to_device(&Device::Cpu).unwrap().attention(
+                &k.to_device(&Device::Cpu).unwrap(),
+                &v.to_device(&Device::Cpu).unwrap(),
+                &c.opts(),
+            );
+            let got = first.to_vec_f32().unwrap();
+            let want = want.unwrap().to_vec_f32().unwrap();
+            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            eprintln!("  max abs error vs CPU: {err:e}");
+        }
+    }
+}

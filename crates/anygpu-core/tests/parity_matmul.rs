@@ -1,0 +1,256 @@
+//! Parity tests for the matmul paths (simple, tiled, f16, coop) against the CPU reference, on
+//! odd shapes, transposed and offset views, batches, bias, and f16 data; plus offline
+//! validation of every kernel specialisation with naga (the coop kernel cannot run on
+//! lavapipe, but it must parse, validate and translate to SPIR-V).
+
+use anygpu_core::ops::matmul::{
+    blocked_wgsl_variants, gpu_matmul_path, gpu_matmul_supports, gpu_matmul_using, MatmulPath,
+};
+use anygpu_core::testing::{gpu_devices, parity, parity_err, rand_vec};
+use anygpu_core::{DType, Device, Result, Tensor};
+use half::f16;
+use wgpu::naga;
+
+/// A random tensor of `dims` on `d`, f32 or f16 (the f16 values are what both sides see).
+fn t(seed: u64, dims: &[usize], dtype: DType, d: &Device) -> Tensor {
+    let v = rand_vec(seed, dims.iter().product());
+    let host = match dtype {
+        DType::F16 => Tensor::from_vec(v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), dims, &Device::Cpu),
+        _ => Tensor::from_vec(v, dims, &Device::Cpu),
+    };
+    host.and_then(|t| t.to_device(d)).expect("upload")
+}
+
+/// `a x b (+ bias)` on the CPU reference, or on a GPU through `path` when that path can run it
+/// there (otherwise through the default choice, e.g. `f16` under the WebGPU profile).
+fn mm(d: &Device, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, path: MatmulPath) -> Result<Vec<f32>> {
+    let out = if !d.is_cpu() && gpu_matmul_supports(a, b, path)? {
+        gpu_matmul_using(a, b, bias, path)?
+    } else if let Some(bias) = bias {
+        a.matmul_bias(b, bias)?
+    } else {
+        a.matmul(b)?
+    };
+    let want = if a.dtype() == DType::F16 && b.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+    assert_eq!(out.dtype(), want, "output dtype of {} x {}", a.dtype(), b.dtype());
+    out.to_vec_f32()
+}
+
+/// Tolerances: f32 accumulation differs from the reference's order by ~1e-4 sqrt(K); an f16
+/// output may round to the neighbouring f16 (2^-10 relative).
+fn tol(k: usize, out_f16: bool) -> (f32, f32) {
+    let atol = 1e-4 * (k as f32).sqrt() + 1e-5;
+    if out_f16 {
+        (atol + 1e-3, 2e-3)
+    } else {
+        (atol, 1e-4)
+    }
+}
+
+const SHAPES: [(usize, usize, usize); 7] =
+    [(1, 1, 1), (7, 13, 5), (65, 257, 33), (129, 64, 200), (130, 37, 131), (3, 300, 260), (33, 1000, 65)];
+
+/// The operand layouts every path is checked on: plain, A^T, B^T (weights stored [N, K]),
+/// both, and offset views whose rows are not 4-aligned (scalar loads).
+#[derive(Clone, Copy, Debug)]
+enum View {
+    Plain,
+    TransA,
+    TransB,
+    TransBoth,
+    Offset,
+}
+
+const VIEWS: [View; 5] = [View::Plain, View::TransA, View::TransB, View::TransBoth, View::Offset];
+
+fn operands(v: View, m: usize, k: usize, n: usize, da: DType, db: DType, d: &Device) -> Result<(Tensor, Tensor)> {
+    Ok(match v {
+        View::Plain => (t(1, &[m, k], da, d), t(2, &[k, n], db, d)),
+        View::TransA => (t(3, &[k, m], da, d).transpose(0, 1)?, t(4, &[k, n], db, d)),
+        View::TransB => (t(5, &[m, k], da, d), t(6, &[n, k], db, d).transpose(0, 1)?),
+        View::TransBoth => (t(7, &[k, m], da, d).transpose(0, 1)?, t(8, &[n, k], db, d).transpose(0, 1)?),
+        View::Offset => (t(9, &[m, k + 3], da, d).narrow(1, 1, k)?, t(10, &[k + 1, n + 2], db, d).narrow(0, 1, k)?.narrow(1, 2, n)?),
+    })
+}
+
+#[test]
+fn f32_paths_on_odd_shapes_and_views() {
+    for &(m, k, n) in &SHAPES {
+        let (atol, rtol) = tol(k, false);
+        for v in VIEWS {
+            for path in [MatmulPath::Simple, MatmulPath::Tiled] {
+                let name = format!("matmul f32 {m}x{k}x{n} {v:?} {}", path.name());
+                parity(&name, atol, rtol, |d| {
+                    let (a, b) = operands(v, m, k, n, DType::F32, DType::F32, d)?;
+                    mm(d, &a, &b, None, path)
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_paths_on_odd_shapes_and_views() {
+    let pairs = [(DType::F16, DType::F16), (DType::F32, DType::F16), (DType::F16, DType::F32)];
+    for &(m, k, n) in &SHAPES[..6] {
+        for (da, db) in pairs {
+            let (atol, rtol) = tol(k, da == DType::F16 && db == DType::F16);
+            for v in VIEWS {
+                for path in [MatmulPath::Tiled, MatmulPath::TiledF16] {
+                    let name = format!("matmul {da}x{db} {m}x{k}x{n} {v:?} {}", path.name());
+                    parity(&name, atol, rtol, |d| {
+                        let (a, b) = operands(v, m, k, n, da, db, d)?;
+                        mm(d, &a, &b, None, path)
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_of_each_dtype_on_each_path() {
+    let cases = [
+        (DType::F32, DType::F32, MatmulPath::Simple),
+        (DType::F32, DType::F32, MatmulPath::Tiled),
+        (DType::F16, DType::F16, MatmulPath::Tiled),
+        (DType::F16, DType::F16, MatmulPath::TiledF16),
+        (DType::F32, DType::F16, MatmulPath::TiledF16),
+    ];
+    for (da, db, path) in cases {
+        for bias_dtype in [DType::F32, DType::F16] {
+            for &(m, k, n) in &[(7, 13, 5), (129, 40, 131), (64, 9, 128)] {
+                let (atol, rtol) = tol(k, da == DType::F16 && db == DType::F16);
+                let name = format!("matmul+bias({bias_dtype}) {da}x{db} {m}x{k}x{n} {}", path.name());
+                parity(&name, atol, rtol, |d| {
+                    let (a, b) = (t(20, &[m, k], da, d), t(21, &[k, n], db, d));
+                    // A bias view with an offset: the kernels read it from its layout.
+                    let bias = t(22, &[n + 1], bias_dtype, d).narrow(0, 1, n)?;
+                    mm(d, &a, &b, Some(&bias), path)
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_and_shared_operands() {
+    for path in [MatmulPath::Simple, MatmulPath::Tiled, MatmulPath::TiledF16] {
+        for (da, db) in [(DType::F32, DType::F32), (DType::F16, DType::F16)] {
+            let (atol, rtol) = tol(33, da == DType::F16);
+            let p = path.name();
+            parity(&format!("batched {da} {p}"), atol, rtol, |d| {
+                mm(d, &t(30, &[3, 2, 9, 33], da, d), &t(31, &[3, 2, 33, 130], db, d), None, path)
+            });
+            parity(&format!("batched x shared {da} {p}"), atol, rtol, |d| {
+                mm(d, &t(32, &[4, 7, 33], da, d), &t(33, &[33, 5], db, d), None, path)
+            });
+            parity(&format!("shared x batched {da} {p}"), atol, rtol, |d| {
+                mm(d, &t(34, &[130, 33], da, d), &t(35, &[2, 33, 6], db, d), None, path)
+            });
+            // Attention-like: per-head products of a permuted view ([B, T, H, D] -> [B, H, T, D]).
+            parity(&format!("batched permuted {da} {p}"), atol, rtol, |d| {
+                let q = t(36, &[2, 65, 3, 12], da, d).permute(&[0, 2, 1, 3])?;
+                let kt = t(37, &[2, 3, 12, 70], db, d);
+                mm(d, &q, &kt, None, path)
+            });
+        }
+    }
+}
+
+#[test]
+fn auto_choice_matches_the_reference() {
+    for (da, db) in [(DType::F32, DType::F32), (DType::F16, DType::F16), (DType::F32, DType::F16)] {
+        for &(m, k, n) in &[(1, 64, 300), (200, 70, 256), (128, 128, 128)] {
+            let (atol, rtol) = tol(k, da == DType::F16 && db == DType::F16);
+            parity(&format!("auto {da}x{db} {m}x{k}x{n}"), atol, rtol, |d| {
+                let (a, b) = (t(40, &[m, k], da, d), t(41, &[k, n], db, d));
+                a.matmul(&b)?.to_vec_f32()
+            });
+        }
+    }
+}
+
+#[test]
+fn path_report_and_support() {
+    for d in gpu_devices() {
+        let ctx = d.gpu().expect("gpu");
+        let (a, b) = (t(1, &[256, 64], DType::F32, d), t(2, &[64, 256], DType::F32, d));
+        let path = gpu_matmul_path(&a, &b, None).expect("path");
+        eprintln!("{}: f32 256x64x256 -> {path}", d.name());
+        assert!(["simple", "tiled"].contains(&path) || std::env::var("ANYGPU_MATMUL").is_ok());
+        let (h, g) = (t(1, &[256, 64], DType::F16, d), t(2, &[64, 256], DType::F16, d));
+        let path = gpu_matmul_path(&h, &g, None).expect("path");
+        eprintln!("{}: f16 256x64x256 -> {path}", d.name());
+        assert!(gpu_matmul_supports(&a, &b, MatmulPath::Simple).unwrap());
+        assert!(!gpu_matmul_supports(&h, &g, MatmulPath::Simple).unwrap());
+        assert_eq!(gpu_matmul_supports(&h, &g, MatmulPath::TiledF16).unwrap(), ctx.caps.shader_f16);
+        assert_eq!(
+            gpu_matmul_supports(&h, &g, MatmulPath::Coop).unwrap(),
+            ctx.caps.cooperative_matrix && ctx.caps.coop_f16_f32_shapes.contains(&(16, 16, 16))
+        );
+        // Asking for a path that cannot run is an error, not a silent fallback.
+        let e = gpu_matmul_using(&h, &g, None, MatmulPath::Simple).unwrap_err().to_string();
+        assert!(e.contains("simple path cannot run"), "{e}");
+    }
+    for p in MatmulPath::ALL {
+        assert_eq!(MatmulPath::parse(p.name()), Some(p));
+    }
+}
+
+#[test]
+fn errors_name_the_op_and_shapes() {
+    parity_err("matmul inner mismatch", "inner dimensions differ", |d| {
+        t(1, &[2, 3], DType::F16, d).matmul(&t(2, &[4, 5], DType::F16, d))
+    });
+    parity_err("matmul bias mismatch", "does not match N=5", |d| {
+        t(1, &[2, 3], DType::F32, d).matmul_bias(&t(2, &[3, 5], DType::F32, d), &t(3, &[4], DType::F32, d))
+    });
+    parity_err("matmul i32", "no kernel for", |d| {
+        let a = Tensor::from_vec(vec![1i32; 6], [2, 3], &Device::Cpu)?.to_device(d)?;
+        a.matmul(&a.transpose(0, 1)?)
+    });
+}
+
+/// Parses, validates and translates one WGSL module the way wgpu does for Vulkan.
+fn validate(src: &str, caps: naga::valid::Capabilities) -> std::result::Result<(), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+    v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+    v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
+    let info = v.validate(&module).map_err(|e| e.emit_to_string(src))?;
+    let opts = naga::back::spv::Options {
+        lang_version: (1, 6),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Restrict,
+            ..Default::default()
+        },
+        force_loop_bounding: true,
+        ..Default::default()
+    };
+    naga::back::spv::write_vec(&module, &info, &opts, None).map_err(|e| format!("SPIR-V: {e:?}"))?;
+    Ok(())
+}
+
+#[test]
+fn every_kernel_specialisation_validates_with_naga() {
+    use naga::valid::Capabilities as C;
+    let variants = blocked_wgsl_variants();
+    assert!(variants.iter().any(|(_, p, _)| *p == MatmulPath::Coop));
+    for (label, path, src) in &variants {
+        // The portable path needs no optional feature: only unpack2x16float's capability,
+        // which wgpu grants on every backend with compute shaders (a downlevel flag, not a
+        // feature). The f16 path adds SHADER_F16; coop also cooperative matrices and subgroups.
+        let base = C::SHADER_FLOAT16_IN_FLOAT32;
+        let caps = match path {
+            MatmulPath::Coop => base | C::SHADER_FLOAT16 | C::COOPERATIVE_MATRIX | C::SUBGROUP,
+            MatmulPath::TiledF16 => base | C::SHADER_FLOAT16,
+            _ => base,
+        };
+        if let Err(e) = validate(src, caps) {
+            panic!("{label}:\n{e}");
+        }
+    }
+    eprintln!("{} specialisations validated", variants.len());
+}

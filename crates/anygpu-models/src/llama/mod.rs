@@ -1,0 +1,9 @@
+//! The llama family: configuration from GGUF metadata, the model, its KV cache.
+
+mod config;
+mod kv_cache;
+mod model;
+
+pub use config::{LlamaConfig, SUPPORTED_ARCHS};
+pub use kv_cache::KvCache;
+pub use model::Llama;

@@ -37,6 +37,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Perplexity of a GGUF model over a text file.
     Perplexity(cmd::perplexity::Args),
+    /// Write a synthetic llama-shaped GGUF model (random weights) for benchmarks.
+    Synth(cmd::synth::Args),
     /// Benchmarks: `bench llm` (prefill/decode tokens per second), `bench ops` (kernels).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cmd::generate::run(cli.device.as_deref(), args),
         Command::Chat(args) => cmd::chat::run(cli.device.as_deref(), args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Llm(args)) => cmd::bench_llm::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Ops(args)) => cmd::bench_ops::run(cli.device.as_deref(), args),

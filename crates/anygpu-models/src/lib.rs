@@ -6,4 +6,5 @@ pub mod generate;
 pub mod gguf;
 pub mod llama;
 pub mod sampling;
+pub mod synthetic;
 pub mod tokenizer;

@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod generate;
 pub mod llm;
 pub mod perplexity;
+pub mod synth;
 pub mod tokenize;
 
 /// A failure to report to the user: the message, and the exit code (2 for bad usage such as an

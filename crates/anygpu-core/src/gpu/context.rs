@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::kernel::{KernelSpec, PipelineCache};
+use super::kernel::{KernelSpec, PipelineCache, PipelineKey};
 use super::pool::{size_class, BufferPool, STORAGE_USAGE};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
 use crate::error::{Error, Result};
@@ -32,7 +32,15 @@ struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     /// Commands recorded into `encoder` (dispatches and copies).
     commands: usize,
+    /// The uniform buffer holding every dispatch's params for this batch (one slot each),
+    /// filled from `params_data` with one write just before the batch is submitted. One
+    /// buffer per batch instead of one per dispatch keeps recording cheap.
+    params: Option<wgpu::Buffer>,
+    params_data: Vec<u8>,
 }
+
+/// Bytes of params one batch can hold (slots are 256-byte aligned: 1024 dispatches).
+const PARAMS_CAPACITY: u64 = 256 << 10;
 
 /// A GPU allocation owned by a tensor; goes back to the pool when dropped.
 pub struct GpuBuffer {
@@ -170,8 +178,7 @@ impl GpuContext {
     /// The compute pipeline for a kernel, compiled on first use inside an error scope so a
     /// shader the driver rejects becomes an error naming the kernel.
     pub fn pipeline(&self, spec: &KernelSpec, replacements: &[(&str, &str)]) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key_extra = replacements.iter().map(|(k, v)| format!("{k}={v};")).collect::<String>();
-        let key = (spec.clone(), key_extra);
+        let key = PipelineKey::new(spec, replacements);
         if let Some(p) = self.pipelines.get(&key) {
             return Ok(p);
         }
@@ -316,14 +323,17 @@ impl GpuContext {
             ));
         }
         let mut pending = self.lock(op)?;
-        let uniform = if params.is_empty() {
-            None
-        } else {
-            Some(self.filled_buffer("params", wgpu::BufferUsages::UNIFORM, params, 16)?)
-        };
+        let slot = if params.is_empty() { None } else { Some(self.params_slot(&mut pending, params)?) };
         let mut entries = Vec::with_capacity(binds.len() + 1);
-        if let Some(u) = &uniform {
-            entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+        if let (Some((offset, size)), Some(buf)) = (slot, pending.params.as_ref()) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: buf,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            });
         }
         let max_binding = self.caps.max_storage_buffer_binding_size;
         for (i, b) in binds.iter().enumerate() {
@@ -392,10 +402,38 @@ impl GpuContext {
     /// Submits under the state lock: a `queue.write_buffer` from another thread in between
     /// would otherwise land before this encoder's commands.
     fn submit_locked(&self, pending: &mut Pending) {
+        if let Some(buf) = pending.params.take() {
+            // Staged by the queue before the command buffer below runs.
+            self.queue.write_buffer(&buf, 0, &pending.params_data);
+            pending.params_data.clear();
+        }
         pending.commands = 0;
         if let Some(enc) = pending.encoder.take() {
             self.queue.submit([enc.finish()]);
         }
+    }
+
+    /// Reserves a slot for `params` in this batch's uniform buffer: (offset, bound size).
+    fn params_slot(&self, pending: &mut Pending, params: &[u8]) -> Result<(u64, u64)> {
+        let align = (self.device.limits().min_uniform_buffer_offset_alignment as usize).max(16);
+        let size = params.len().next_multiple_of(16);
+        let mut offset = pending.params_data.len().next_multiple_of(align);
+        if (offset + size) as u64 > PARAMS_CAPACITY {
+            self.submit_locked(pending);
+            offset = 0;
+        }
+        if pending.params.is_none() {
+            pending.params = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: PARAMS_CAPACITY,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        pending.params_data.resize(offset, 0);
+        pending.params_data.extend_from_slice(params);
+        pending.params_data.resize(offset + size, 0);
+        Ok((offset as u64, size as u64))
     }
 
     /// The state lock. Every call into wgpu goes through it, one thread at a time: wgpu's GL

@@ -44,16 +44,40 @@ impl KernelSpec {
     }
 }
 
+/// What identifies a compiled pipeline. The WGSL source is identified by its address (it is
+/// a `&'static str` from `include_str!`): hashing kilobytes of text on every dispatch showed up
+/// as a real cost of recording.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    source: (usize, usize),
+    entry: &'static str,
+    name: String,
+    header: String,
+    replacements: String,
+}
+
+impl PipelineKey {
+    pub fn new(spec: &KernelSpec, replacements: &[(&str, &str)]) -> PipelineKey {
+        PipelineKey {
+            source: (spec.source.as_ptr() as usize, spec.source.len()),
+            entry: spec.entry,
+            name: spec.name.clone(),
+            header: spec.header.clone(),
+            replacements: replacements.iter().map(|(k, v)| format!("{k}={v};")).collect(),
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct PipelineCache {
-    pipelines: Mutex<HashMap<(KernelSpec, String), Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
 
 impl PipelineCache {
-    pub fn get(&self, key: &(KernelSpec, String)) -> Option<Arc<wgpu::ComputePipeline>> {
+    pub fn get(&self, key: &PipelineKey) -> Option<Arc<wgpu::ComputePipeline>> {
         self.pipelines.lock().ok()?.get(key).cloned()
     }
-    pub fn insert(&self, key: (KernelSpec, String), p: Arc<wgpu::ComputePipeline>) {
+    pub fn insert(&self, key: PipelineKey, p: Arc<wgpu::ComputePipeline>) {
         if let Ok(mut m) = self.pipelines.lock() {
             m.insert(key, p);
         }

@@ -9,9 +9,11 @@ mod dequant;
 pub mod gpu;
 mod matvec;
 mod qtensor;
+mod quantize;
 mod types;
 
 pub use dequant::{dequantize, dequantize_to_vec};
 pub use matvec::{matmul, matvec};
+pub use quantize::quantize_into;
 pub use qtensor::{QStorage, QTensor, SharedBytes};
 pub use types::GgmlType;

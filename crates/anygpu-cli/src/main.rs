@@ -37,6 +37,10 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Perplexity of a GGUF model over a text file.
     Perplexity(cmd::perplexity::Args),
+    /// Sentence embeddings from a BERT model folder (sentence-transformers), one per input.
+    Embed(cmd::embed::Args),
+    /// Cosine similarity matrix of two or more texts under a BERT model folder.
+    Similarity(cmd::similarity::Args),
     /// Write a synthetic llama-shaped GGUF model (random weights) for benchmarks.
     Synth(cmd::synth::Args),
     /// Benchmarks: `bench llm` (prefill/decode tokens per second), `bench ops` (kernels).
@@ -74,6 +78,8 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => cmd::tokenize::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(cli.device.as_deref(), args),
+        Command::Embed(args) => cmd::embed::run(cli.device.as_deref(), args),
+        Command::Similarity(args) => cmd::similarity::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Llm(args)) => cmd::bench_llm::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Ops(args)) => cmd::bench_ops::run(cli.device.as_deref(), args),
     };

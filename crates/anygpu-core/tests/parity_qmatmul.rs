@@ -5,9 +5,10 @@
 //! The decode benchmark is ignored by default (run it on a real GPU):
 //! `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture bench`
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use anygpu_core::quant::gpu::{gather_rows_opts, qmatmul_opts, QKernel, QOptions};
+use anygpu_core::quant::gpu::{gather_rows_opts, qmatmul_opts, QKernel, QOptions, MATVEC_MAX_N};
 use anygpu_core::quant::{dequantize_to_vec, GgmlType, QTensor};
 use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec};
 use anygpu_core::{Device, Result, Tensor};
@@ -77,8 +78,17 @@ fn upload_x(seed: u64, n: usize, cols: usize, d: &Device) -> Result<Tensor> {
 
 const TYPES: [GgmlType; 13] = GgmlType::ALL;
 
+/// The tests of this file take turns on the devices: wgpu's GL backend panics when a thread
+/// waits over a second for its context lock, which a parallel test compiling a large shader on
+/// a loaded llvmpipe can hold that long.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn qmatmul_matches_cpu_all_types() {
+    let _turn = one_at_a_time();
     for ty in TYPES {
         for cols in col_cases(ty) {
             for rows in [1usize, 7, 33] {
@@ -93,11 +103,11 @@ fn qmatmul_matches_cpu_all_types() {
                     for n in [1usize, 3, 17] {
                         let x = upload_x(n as u64 + 7, n, cols, d)?;
                         all.extend(w.qmatmul(&x)?.to_vec_f32()?);
-                        let forced = if n <= 4 { QKernel::Tiled } else { QKernel::Matvec };
+                        let forced = if n <= MATVEC_MAX_N { QKernel::Tiled } else { QKernel::Matvec };
                         let y = if d.is_cpu() {
                             w.qmatmul(&x)?
                         } else {
-                            qmatmul_opts(&w, &x, QOptions { kernel: Some(forced), max_binding: None })?
+                            qmatmul_opts(&w, &x, QOptions { kernel: Some(forced), ..Default::default() })?
                         };
                         all.extend(y.to_vec_f32()?);
                     }
@@ -110,6 +120,7 @@ fn qmatmul_matches_cpu_all_types() {
 
 #[test]
 fn gather_rows_matches_cpu_all_types() {
+    let _turn = one_at_a_time();
     for ty in TYPES {
         for cols in col_cases(ty) {
             let rows = 33;
@@ -128,6 +139,7 @@ fn gather_rows_matches_cpu_all_types() {
 
 #[test]
 fn gather_rows_out_of_range_is_an_error() {
+    let _turn = one_at_a_time();
     let bytes = random_weights(5, GgmlType::Q4_0, 7, 64);
     parity_err("gather_rows out of range", "out of range", |d| {
         QTensor::from_vec(GgmlType::Q4_0, 7, 64, bytes.clone(), d)?.gather_rows(&[0, 7])
@@ -136,6 +148,7 @@ fn gather_rows_out_of_range_is_an_error() {
 
 #[test]
 fn qmatmul_shape_errors() {
+    let _turn = one_at_a_time();
     let bytes = random_weights(6, GgmlType::Q8_0, 7, 64);
     parity_err("qmatmul wrong cols", "does not match", |d| {
         let w = QTensor::from_vec(GgmlType::Q8_0, 7, 64, bytes.clone(), d)?;
@@ -147,6 +160,7 @@ fn qmatmul_shape_errors() {
 /// from their offset.
 #[test]
 fn qmatmul_views_and_batch_dims() {
+    let _turn = one_at_a_time();
     for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
         let (rows, cols) = (9, ty.block_size().max(32) * 2 + if ty.is_quantized() { 0 } else { 3 });
         let bytes = random_weights(11, ty, rows, cols);
@@ -171,10 +185,39 @@ fn qmatmul_views_and_batch_dims() {
     }
 }
 
+/// The matvec kernel with other invocation counts per row than the default (1 invocation
+/// walking a whole row; more invocations than work units).
+#[test]
+fn matvec_threads_per_row_variants() {
+    let _turn = one_at_a_time();
+    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16] {
+        let (rows, cols) = (7, if ty.block_size() == 256 { 512 } else { 96 + if ty.is_quantized() { 0 } else { 3 } });
+        let bytes = random_weights(41, ty, rows, cols);
+        let atol = atol_for(ty, &bytes, rows, cols);
+        parity(&format!("matvec tpr {ty}"), atol, 1e-5, |d| {
+            let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?;
+            let x = upload_x(42, 2, cols, d)?;
+            let mut all = Vec::new();
+            for tpr in [1usize, 2, 64, 256] {
+                let y = if d.is_cpu() {
+                    w.qmatmul(&x)?
+                } else {
+                    let opts =
+                        QOptions { kernel: Some(QKernel::Matvec), threads_per_row: Some(tpr), ..Default::default() };
+                    qmatmul_opts(&w, &x, opts)?
+                };
+                all.extend(y.to_vec_f32()?);
+            }
+            Ok(all)
+        });
+    }
+}
+
 /// A tiny binding limit forces the row-sliced path (weights bound at 256-byte-aligned offsets,
 /// rows starting mid-binding) and the x-row chunking, for both kernels and the gather.
 #[test]
 fn row_sliced_bindings_match() {
+    let _turn = one_at_a_time();
     for ty in [GgmlType::Q4_0, GgmlType::Q5_1, GgmlType::Q6K, GgmlType::Q3K, GgmlType::F16] {
         let rows = 33;
         let cols = if ty.block_size() == 256 { 512 } else { 96 + if ty.is_quantized() { 0 } else { 1 } };
@@ -192,12 +235,12 @@ fn row_sliced_bindings_match() {
                 let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
                 let x = x_cpu.to_device(d).unwrap();
                 for kernel in [QKernel::Matvec, QKernel::Tiled] {
-                    let opts = QOptions { kernel: Some(kernel), max_binding: Some(limit) };
+                    let opts = QOptions { kernel: Some(kernel), max_binding: Some(limit), ..Default::default() };
                     let got = qmatmul_opts(&w, &x, opts).and_then(|y| y.to_vec_f32()).unwrap();
                     check_close(&format!("sliced {ty} n={n} {kernel:?}"), &got, &want, atol, 1e-5)
                         .unwrap_or_else(|m| panic!("{m} on {}", d.name()));
                 }
-                let opts = QOptions { kernel: None, max_binding: Some(limit) };
+                let opts = QOptions { max_binding: Some(limit), ..Default::default() };
                 let got = gather_rows_opts(&w, &ids, opts).and_then(|y| y.to_vec_f32()).unwrap();
                 check_close(&format!("sliced gather {ty}"), &got, &want_g, 1e-6, 1e-6)
                     .unwrap_or_else(|m| panic!("{m} on {}", d.name()));
@@ -206,60 +249,89 @@ fn row_sliced_bindings_match() {
     }
 }
 
+/// Per call of `f` (after warm-up), in µs: the host time recording `iters` calls, and the GPU
+/// time running them (the batch is submitted at the sync, so that time is the device's alone,
+/// plus one submit).
+fn time_us(d: &Device, iters: usize, f: impl Fn() -> Result<Tensor>) -> (f64, f64) {
+    for _ in 0..3 {
+        f().unwrap();
+    }
+    d.sync().unwrap();
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        f().unwrap();
+    }
+    let t1 = Instant::now();
+    d.sync().unwrap();
+    let per = |s: f64| s * 1e6 / iters as f64;
+    (per((t1 - t0).as_secs_f64()), per(t1.elapsed().as_secs_f64()))
+}
+
+fn env_list(name: &str) -> Option<Vec<String>> {
+    std::env::var(name).ok().map(|v| v.split(',').map(str::to_string).collect())
+}
+
 /// Decode and prefill throughput on the first GPU: GB/s of weights for n = 1 (the floor is the
-/// device's copy bandwidth), GFLOP/s for n = 512.
+/// device's copy bandwidth), GFLOP/s for n = 512. `QBENCH_TYPES=Q4_0,Q4_K` picks types,
+/// `QBENCH_TPR=16,32,64` sweeps the matvec's invocations per row, `QBENCH_SMALLN=1` compares
+/// both kernels for n = 2..16.
 #[test]
 #[ignore]
 fn bench() {
+    let _turn = one_at_a_time();
     let Some(d) = gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained)) else {
         eprintln!("no GPU");
         return;
     };
     eprintln!("device: {}", d.name());
-    let only: Option<String> = std::env::var("QBENCH_TYPES").ok();
+    let types = env_list("QBENCH_TYPES");
+    let list = |name: &str| -> Vec<Option<usize>> {
+        match env_list(name) {
+            Some(v) => v.iter().filter_map(|t| t.parse().ok()).map(Some).collect(),
+            None => vec![None],
+        }
+    };
+    let tprs = list("QBENCH_TPR");
     for ty in TYPES {
-        if only.as_ref().is_some_and(|o| !o.split(',').any(|t| t == ty.name())) {
+        if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
             continue;
         }
-        for &(rows, cols) in &[(4096usize, 4096usize), (14336, 4096), (32000, 4096), (576, 1536)] {
+        for &(rows, cols) in &[(576usize, 1536usize), (4096, 4096), (14336, 4096), (32000, 4096)] {
             let bytes = random_weights(1, ty, rows, cols);
             let mb = bytes.len() as f64 / 1e6;
             let w = QTensor::from_vec(ty, rows, cols, bytes, d).unwrap();
             let x = upload_x(2, 1, cols, d).unwrap();
-            for _ in 0..3 {
-                w.qmatmul(&x).unwrap();
+            for &tpr in &tprs {
+                let opts = QOptions { threads_per_row: tpr, ..Default::default() };
+                let (host, gpu) = time_us(d, 200, || qmatmul_opts(&w, &x, opts));
+                eprintln!(
+                    "decode  {:5} [{rows:5}, {cols}] tpr {:>4} {mb:8.2} MB  gpu {gpu:7.1} us {:6.0} GB/s  host {host:5.1} us",
+                    ty.name(),
+                    tpr.map_or("auto".to_string(), |t| t.to_string()),
+                    mb * 1e3 / gpu
+                );
             }
-            d.sync().unwrap();
-            let iters = if mb < 4.0 { 400 } else { 100 };
-            let t = Instant::now();
-            for _ in 0..iters {
-                w.qmatmul(&x).unwrap();
-            }
-            d.sync().unwrap();
-            let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-            eprintln!(
-                "decode {:5} [{rows:5}, {cols}] {mb:8.2} MB {us:8.1} us {:7.0} GB/s",
-                ty.name(),
-                mb * 1e3 / us
-            );
         }
-        let (rows, cols, n) = (4096usize, 4096usize, 512usize);
+        let (rows, cols) = (4096usize, 4096usize);
         let w = QTensor::from_vec(ty, rows, cols, random_weights(3, ty, rows, cols), d).unwrap();
-        let x = upload_x(4, n, cols, d).unwrap();
-        w.qmatmul(&x).unwrap();
-        d.sync().unwrap();
-        let iters = 10;
-        let t = Instant::now();
-        for _ in 0..iters {
-            w.qmatmul(&x).unwrap();
+        let mut ns = vec![512usize];
+        if std::env::var("QBENCH_SMALLN").is_ok() {
+            ns = vec![2, 4, 8, 16, 512];
         }
-        d.sync().unwrap();
-        let s = t.elapsed().as_secs_f64() / iters as f64;
-        eprintln!(
-            "prefill {:5} [{rows}, {cols}] x n={n}: {:8.1} us {:7.0} GFLOP/s",
-            ty.name(),
-            s * 1e6,
-            2.0 * (rows * cols * n) as f64 / s / 1e9
-        );
+        for n in ns {
+            let x = upload_x(4, n, cols, d).unwrap();
+            for kernel in [QKernel::Matvec, QKernel::Tiled] {
+                if n == 512 && kernel == QKernel::Matvec {
+                    continue;
+                }
+                let opts = QOptions { kernel: Some(kernel), ..Default::default() };
+                let (_, us) = time_us(d, if n > 64 { 10 } else { 50 }, || qmatmul_opts(&w, &x, opts));
+                eprintln!(
+                    "prefill {:5} [{rows}, {cols}] n={n:3} {kernel:?}: gpu {us:8.1} us {:7.0} GFLOP/s",
+                    ty.name(),
+                    2.0 * (rows * cols * n) as f64 / us / 1e3
+                );
+            }
+        }
     }
 }

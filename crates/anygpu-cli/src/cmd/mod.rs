@@ -5,9 +5,11 @@ pub mod bench_ops;
 pub mod chat;
 pub mod devices;
 pub mod doctor;
+pub mod embed;
 pub mod generate;
 pub mod llm;
 pub mod perplexity;
+pub mod similarity;
 pub mod synth;
 pub mod tokenize;
 

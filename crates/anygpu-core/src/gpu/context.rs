@@ -37,6 +37,29 @@ struct Pending {
     /// buffer per batch instead of one per dispatch keeps recording cheap.
     params: Option<wgpu::Buffer>,
     params_data: Vec<u8>,
+    /// The compute pass dispatches go into. Dispatches share one pass until another kind of
+    /// command (a copy, a timestamp) needs the encoder: on an H100 a pass per dispatch cost
+    /// ~60 us of GPU time each, a dispatch inside a pass ~5 us.
+    pass: Option<wgpu::ComputePass<'static>>,
+}
+
+/// The pending state, locked (and, on GL, the process-wide GL lock taken before it).
+struct PendingGuard<'a> {
+    pending: std::sync::MutexGuard<'a, Pending>,
+    _gl: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl std::ops::Deref for PendingGuard<'_> {
+    type Target = Pending;
+    fn deref(&self) -> &Pending {
+        &self.pending
+    }
+}
+
+impl std::ops::DerefMut for PendingGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Pending {
+        &mut self.pending
+    }
 }
 
 /// Bytes of params one batch can hold (slots are 256-byte aligned: 1024 dispatches).
@@ -272,7 +295,7 @@ impl GpuContext {
             }
         } else {
             let staging = self.filled_buffer("upload staging", wgpu::BufferUsages::COPY_SRC, bytes, 4)?;
-            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let enc = self.encoder_for_commands(&mut pending);
             enc.copy_buffer_to_buffer(&staging, 0, buf.buffer(), offset, padded_len);
             pending.commands += 1;
         }
@@ -364,14 +387,10 @@ impl GpuContext {
             entries: &entries,
         });
         self.check(op)?;
-        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        }
+        let pass = self.open_pass(&mut pending);
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
         pending.commands += 1;
         if pending.commands >= MAX_PENDING_DISPATCHES {
             self.submit_locked(&mut pending);
@@ -408,9 +427,27 @@ impl GpuContext {
             pending.params_data.clear();
         }
         pending.commands = 0;
+        pending.pass = None; // ends the open compute pass
         if let Some(enc) = pending.encoder.take() {
             self.queue.submit([enc.finish()]);
         }
+    }
+
+    /// The open compute pass, begun if needed.
+    fn open_pass<'a>(&self, pending: &'a mut Pending) -> &'a mut wgpu::ComputePass<'static> {
+        if pending.pass.is_none() {
+            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("anygpu"), timestamp_writes: None });
+            pending.pass = Some(pass.forget_lifetime());
+        }
+        pending.pass.as_mut().expect("set just above")
+    }
+
+    /// The encoder, for commands other than dispatches: ends the open compute pass first.
+    fn encoder_for_commands<'a>(&self, pending: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
+        pending.pass = None;
+        pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()))
     }
 
     /// Reserves a slot for `params` in this batch's uniform buffer: (offset, bound size).
@@ -436,11 +473,19 @@ impl GpuContext {
         Ok((offset as u64, size as u64))
     }
 
-    /// The state lock. Every call into wgpu goes through it, one thread at a time: wgpu's GL
-    /// backend panics when two threads contend for its context, and ordering of recorded work
-    /// needs it anyway.
-    fn lock(&self, op: &str) -> Result<std::sync::MutexGuard<'_, Pending>> {
-        self.pending.lock().map_err(|_| Error::gpu(op, "GPU state poisoned by an earlier panic"))
+    /// The state lock. Every call into wgpu goes through it, one thread at a time: recorded
+    /// work must stay ordered, and wgpu's GL backend panics when a thread waits more than a
+    /// second for its context. Devices on GL share one EGL context per process, so GL devices
+    /// also take a process-wide lock.
+    fn lock(&self, op: &str) -> Result<PendingGuard<'_>> {
+        static GL_LOCK: Mutex<()> = Mutex::new(());
+        let gl = if self.info.backend == "gl" {
+            Some(GL_LOCK.lock().map_err(|_| Error::gpu(op, "GL state poisoned by an earlier panic"))?)
+        } else {
+            None
+        };
+        let pending = self.pending.lock().map_err(|_| Error::gpu(op, "GPU state poisoned by an earlier panic"))?;
+        Ok(PendingGuard { pending, _gl: gl })
     }
 
     /// Submits pending work and waits for the device to finish it.
@@ -474,7 +519,7 @@ impl GpuContext {
         self.mark_timestamp(&set, 1)?;
         {
             let mut pending = self.lock("timing")?;
-            let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let enc = self.encoder_for_commands(&mut pending);
             enc.resolve_query_set(&set, 0..2, &resolve, 0);
             pending.commands += 1;
         }
@@ -490,7 +535,7 @@ impl GpuContext {
     /// An empty compute pass that writes timestamp `index` of `set` when the GPU reaches it.
     fn mark_timestamp(&self, set: &wgpu::QuerySet, index: u32) -> Result<()> {
         let mut pending = self.lock("timing")?;
-        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        let enc = self.encoder_for_commands(&mut pending);
         drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("timestamp"),
             timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
@@ -511,14 +556,16 @@ impl GpuContext {
         let aligned_off = offset / 4 * 4;
         let skip = (offset - aligned_off) as usize;
         let copy_len = (len + skip as u64).next_multiple_of(4);
+        // The whole read holds the state lock: on GL even mapping and unmapping the staging
+        // buffer take the context, and another thread must not wait on it for long.
+        let mut pending = self.lock("read")?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: copy_len,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut pending = self.lock("read")?;
-        let enc = pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        let enc = self.encoder_for_commands(&mut pending);
         enc.copy_buffer_to_buffer(buffer, aligned_off, &staging, 0, copy_len);
         self.submit_locked(&mut pending);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -526,7 +573,6 @@ impl GpuContext {
             let _ = tx.send(r);
         });
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("read", e.to_string()))?;
-        drop(pending);
         self.check("read")?;
         match rx.recv() {
             Ok(Ok(())) => {}
@@ -537,6 +583,8 @@ impl GpuContext {
             [skip..skip + len as usize]
             .to_vec();
         staging.unmap();
+        drop(staging);
+        drop(pending);
         Ok(data)
     }
 }

@@ -199,14 +199,14 @@ impl AttentionTiles {
     /// Workgroup memory in bytes for head dim `d`.
     fn smem(&self, d: usize) -> u64 {
         let s = self.strides(d);
-        16 * (self.bq as u64 * s.qs4 + self.bk as u64 * s.ks4) + 4 * (self.bq as u64 * (s.ss + self.ct as u64))
+        16 * (self.bq as u64 * (s.qs4 + s.ss4) + self.bk as u64 * s.ks4 + self.bq as u64 * self.ct as u64 / 4)
     }
     fn strides(&self, d: usize) -> TileStrides {
         let d4 = d.div_ceil(4) as u64;
         let kw4 = d4.div_ceil(self.ct as u64) * self.ct as u64;
         // Odd vec4 strides put the rows that neighbouring threads read in different banks;
-        // BK + 8 staggers the probability rows the same way.
-        TileStrides { d4, kw4, qs4: d4 | 1, ks4: kw4 | 1, ss: self.bk as u64 + 8 }
+        // BK / 4 + 2 staggers the probability rows the same way.
+        TileStrides { d4, kw4, qs4: d4 | 1, ks4: kw4 | 1, ss4: self.bk as u64 / 4 + 2 }
     }
     fn valid(&self) -> bool {
         self.bq > 0
@@ -215,23 +215,24 @@ impl AttentionTiles {
             && self.ct > 0
             && self.bq % self.tr == 0
             && self.bk % self.ct == 0
+            && self.ct % 4 == 0
             && self.tr <= self.bq
     }
-    fn fits(&self, ctx: &GpuContext, d: usize) -> bool {
+    fn fits(&self, ctx: &GpuContext, d: usize, smem_budget: u64) -> bool {
         let c = &ctx.caps;
         self.valid()
             && self.nt() <= c.max_compute_invocations_per_workgroup.min(c.max_compute_workgroup_size_x)
-            && self.smem(d) <= c.max_compute_workgroup_storage_size as u64
+            && self.smem(d) <= smem_budget.min(c.max_compute_workgroup_storage_size as u64)
     }
 }
 
-/// Row widths and strides of the workgroup tiles, in vec4 (ss: in f32).
+/// Row widths and strides of the workgroup tiles, in vec4.
 struct TileStrides {
     d4: u64,
     kw4: u64,
     qs4: u64,
     ks4: u64,
-    ss: u64,
+    ss4: u64,
 }
 
 /// Overrides for tests and benchmarks; the defaults pick everything from the shapes and the
@@ -242,18 +243,33 @@ pub struct AttentionTuning {
     /// Number of key splits (1 = no split).
     pub splits: Option<usize>,
     pub tiles: Option<AttentionTiles>,
+    pub experiment: u32,
 }
+
+/// Workgroup memory the GL backend's tiles aim at (see `pick_tiles`).
+const GL_SMEM_BUDGET: u64 = 6 << 10;
 
 /// The first tile shape that fits the device: large blocks for long query runs, blocks of the
 /// whole row group for decode (few rows per KV head).
+///
+/// On GL the budget is kept small: wgpu's GL backend zero-fills workgroup memory from one
+/// invocation before the kernel starts (a serial cost per workgroup on any GL driver, and a
+/// compile time on llvmpipe that grows faster than the size).
 fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles> {
+    let budget = if ctx.info.backend == "gl" { GL_SMEM_BUDGET } else { u64::MAX };
     let t = |bq, bk, tr, ct| AttentionTiles { bq, bk, tr, ct };
     let mut cands = Vec::new();
-    if rows <= 16 {
-        let bq = (rows.max(1).next_power_of_two()) as u32;
-        for (bk, ct) in [(64, 32), (32, 32), (16, 16), (8, 8), (4, 4), (2, 2), (1, 1)] {
+    let gl = ctx.info.backend == "gl";
+    if rows <= 16 && !gl {
+        // Few sizes (4, 8, 16 rows): decode is bandwidth-bound, spare rows cost little.
+        let bq = rows.clamp(4, 16).next_power_of_two() as u32;
+        for (bk, ct) in [(32, 32), (16, 16), (8, 8), (4, 4)] {
             cands.push(t(bq, bk, bq.min(256 / ct), ct));
         }
+    }
+    if gl {
+        // One shape for every row count on GL: fewer kernel variants to compile.
+        cands.push(t(8, 8, 8, 8));
     }
     cands.extend([
         t(64, 32, 32, 8),
@@ -266,15 +282,53 @@ fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles>
         t(4, 4, 4, 4),
         t(2, 4, 2, 4),
         t(1, 4, 1, 4),
-        t(1, 2, 1, 2),
-        t(1, 1, 1, 1),
     ]);
-    cands.into_iter().find(|c| c.fits(ctx, d)).ok_or_else(|| {
+    // Over the GL budget, the smallest shape the device takes.
+    let pick = cands.iter().find(|c| c.fits(ctx, d, budget)).or_else(|| cands.iter().rev().find(|c| c.fits(ctx, d, u64::MAX)));
+    pick.copied().ok_or_else(|| {
         Error::Unsupported(format!(
             "{OP}: head dim {d} needs more workgroup memory than this device's {} bytes",
             ctx.caps.max_compute_workgroup_storage_size
         ))
     })
+}
+
+/// The K/V binding type and its loaders (`k_at`/`v_at`: one element; `k_at4`/`v_at4`: the 4
+/// elements from an index that is a multiple of 4, only called when `vec`). f16 elements are
+/// packed two per u32 word; with `vec`, f32 is read as vec4<f32> and f16 as vec2<u32>.
+fn kv_loaders(f16: bool, vec: bool) -> (&'static str, &'static str) {
+    match (f16, vec) {
+        (false, false) => (
+            "f32",
+            "fn k_at(e: u32) -> f32 { return kb[e]; }
+             fn v_at(e: u32) -> f32 { return vb[e]; }
+             fn k_at4(e: u32) -> vec4<f32> { return vec4<f32>(kb[e], kb[e + 1u], kb[e + 2u], kb[e + 3u]); }
+             fn v_at4(e: u32) -> vec4<f32> { return vec4<f32>(vb[e], vb[e + 1u], vb[e + 2u], vb[e + 3u]); }",
+        ),
+        (false, true) => (
+            "vec4<f32>",
+            "fn k_at(e: u32) -> f32 { return kb[e >> 2u][e & 3u]; }
+             fn v_at(e: u32) -> f32 { return vb[e >> 2u][e & 3u]; }
+             fn k_at4(e: u32) -> vec4<f32> { return kb[e >> 2u]; }
+             fn v_at4(e: u32) -> vec4<f32> { return vb[e >> 2u]; }",
+        ),
+        (true, false) => (
+            "u32",
+            "fn half_at(w: u32, e: u32) -> f32 { let h = unpack2x16float(w); return select(h.x, h.y, (e & 1u) != 0u); }
+             fn k_at(e: u32) -> f32 { return half_at(kb[e >> 1u], e); }
+             fn v_at(e: u32) -> f32 { return half_at(vb[e >> 1u], e); }
+             fn k_at4(e: u32) -> vec4<f32> { return vec4<f32>(k_at(e), k_at(e + 1u), k_at(e + 2u), k_at(e + 3u)); }
+             fn v_at4(e: u32) -> vec4<f32> { return vec4<f32>(v_at(e), v_at(e + 1u), v_at(e + 2u), v_at(e + 3u)); }",
+        ),
+        (true, true) => (
+            "vec2<u32>",
+            "fn half_at(w: u32, e: u32) -> f32 { let h = unpack2x16float(w); return select(h.x, h.y, (e & 1u) != 0u); }
+             fn k_at(e: u32) -> f32 { return half_at(kb[e >> 2u][(e >> 1u) & 1u], e); }
+             fn v_at(e: u32) -> f32 { return half_at(vb[e >> 2u][(e >> 1u) & 1u], e); }
+             fn k_at4(e: u32) -> vec4<f32> { let w = kb[e >> 2u]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
+             fn v_at4(e: u32) -> vec4<f32> { let w = vb[e >> 2u]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }",
+        ),
+    }
 }
 
 #[repr(C)]
@@ -291,7 +345,7 @@ struct Params {
     split_len: u32,
     causal: u32,
     scale: f32,
-    _pad0: u32,
+    d4: u32,
     q_off: u32,
     k_off: u32,
     v_off: u32,
@@ -339,7 +393,7 @@ pub fn gpu_attention_tuned(
     let g = s.hq / s.hkv;
     let rows = g * s.tq;
     let tiles = match tuning.tiles {
-        Some(t) if t.fits(&ctx, s.d) => t,
+        Some(t) if t.fits(&ctx, s.d, u64::MAX) => t,
         Some(t) => return Err(Error::Unsupported(format!("{OP}: tiles {t:?} do not fit this device for D={}", s.d))),
         None => pick_tiles(&ctx, rows, s.d)?,
     };
@@ -373,7 +427,7 @@ pub fn gpu_attention_tuned(
         split_len: u(split_len)?,
         causal: opts.causal as u32,
         scale: opts.scale * std::f32::consts::LOG2_E,
-        _pad0: 0,
+        d4: u(s.d.div_ceil(4))?,
         q_off: u(q.layout().offset)?,
         k_off: u(k.layout().offset)?,
         v_off: u(v.layout().offset)?,
@@ -385,8 +439,24 @@ pub fn gpu_attention_tuned(
 
     let ts = tiles.strides(s.d);
     let kv_f16 = k.dtype() == DType::F16;
+    // Rows of K and V that start on a 4-element boundary with unit stride load a vec4 at a time.
+    let aligned = |t: &Tensor| {
+        let l = t.layout();
+        l.strides[3] == 1 && l.offset % 4 == 0 && l.strides[..3].iter().all(|x| x % 4 == 0)
+    };
+    let kv_vec = s.d % 4 == 0 && aligned(k) && aligned(v);
+    let ld = (tiles.bk as u64 * ts.kw4).div_ceil(tiles.nt() as u64) as u32;
     let spec = KernelSpec::new(
-        format!("attention_d{}_{}x{}_{}x{}{}", s.d, tiles.bq, tiles.bk, tiles.tr, tiles.ct, if kv_f16 { "_f16kv" } else { "" }),
+        format!(
+            "attention_d{}_{}x{}_{}x{}{}{}",
+            s.d,
+            tiles.bq,
+            tiles.bk,
+            tiles.tr,
+            tiles.ct,
+            if kv_f16 { "_f16kv" } else { "" },
+            if kv_vec { "_vec" } else { "" }
+        ),
         include_str!("attention.wgsl"),
         "attention",
     )
@@ -403,17 +473,16 @@ pub fn gpu_attention_tuned(
     .constant_u32("KW4", ts.kw4 as u32)
     .constant_u32("QS4", ts.qs4 as u32)
     .constant_u32("KS4", ts.ks4 as u32)
-    .constant_u32("SS", ts.ss as u32);
-    let (kv_t, kv_at) = if kv_f16 {
-        (
-            "u32",
-            "fn k_at(e: u32) -> f32 { return unpack2x16float(kb[e >> 1u])[e & 1u]; }\n\
-             fn v_at(e: u32) -> f32 { return unpack2x16float(vb[e >> 1u])[e & 1u]; }",
-        )
-    } else {
-        ("f32", "fn k_at(e: u32) -> f32 { return kb[e]; }\nfn v_at(e: u32) -> f32 { return vb[e]; }")
-    };
-    let pipeline = ctx.pipeline(&spec, &[("KV_T", kv_t), ("KV_AT", kv_at)])?;
+    .constant_u32("SS4", ts.ss4 as u32)
+    .constant_u32("CT4", tiles.ct / 4)
+    .constant_u32("LD", ld)
+    .constant_u32("EXP", tuning.experiment)
+    .with(&format!("const KV_VEC: bool = {kv_vec};"));
+    let (kv_t, kv_at) = kv_loaders(kv_f16, kv_vec);
+    // Unrolling the head dim helps real GPUs; on GL and software rasterizers it costs compile
+    // time (llvmpipe: seconds per kernel variant).
+    let d4_loop = if ctx.info.backend == "gl" || ctx.info.software { "p.d4" } else { "D4" };
+    let pipeline = ctx.pipeline(&spec, &[("KV_T", kv_t), ("KV_AT", kv_at), ("D4_LOOP", d4_loop)])?;
     let n_wg = u(splits * base_wgs)?;
     let (bq, bk_, bv) = (buf(q)?, buf(k)?, buf(v)?);
 

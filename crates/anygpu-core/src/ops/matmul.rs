@@ -705,7 +705,9 @@ fn dispatch_blocked(
         vec_out: p.n % 4 == 0,
     };
     let (spec, io) = kernel.kernel();
+    if std::env::var("MM_DEBUG").is_ok() { eprintln!("compiling {} {:?} {:?}", spec.name, spec.header, kernel.bias); }
     let pipeline = ctx.pipeline(&spec, &[("IO", &io)])?;
+    if std::env::var("MM_DEBUG").is_ok() { eprintln!("compiled"); }
     let (tiles_m, tiles_n) = (p.m.div_ceil(128), p.n.div_ceil(128));
     let mut params = BlockedParams {
         m: u(p.m)?,

@@ -3,7 +3,8 @@
 // consecutive floats. Ids were range-checked on the host; rows outside this dispatch's slice of W
 // (weights bound in row slices when W exceeds the binding limit) are left to another dispatch.
 //
-// Prepended by the host: common.wgsl and `fn deq8(rb, c, cols) -> V8` for the type.
+// Assembled by the host with common.wgsl (one type's sections) and `fn deq8(rb, c, cols) -> V8`
+// forwarding to the type's expansion.
 
 struct Params {
     cols: u32,

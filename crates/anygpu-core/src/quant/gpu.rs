@@ -7,27 +7,49 @@
 //! Bytes per row of `cols` weights: F32 4·cols, F16/BF16 2·cols, Q8_0 34·cols/32 (1.06 B per
 //! weight), Q6_K 210·cols/256 (0.82), Q5_1 24/32 (0.75), Q5_0 22/32 and Q5_K 176/256 (0.69),
 //! Q4_1 20/32 (0.625), Q4_0 18/32 and Q4_K 144/256 (0.5625), Q3_K 110/256 (0.43), Q2_K 84/256
-//! (0.33). On an H100 (~3 TB/s): a 4096 x 4096 Q4_K matrix is 9.4 MB, 3.1 µs; a 576 x 1536 Q4_1
-//! one is 0.55 MB, 0.18 µs, far below the ~4.5 µs a dispatch costs, so small matrices are bound
-//! by dispatch overhead, not by these kernels. x (cols·4 bytes) is read by every workgroup but
-//! from cache, and y is rows·4 bytes: both negligible next to W.
+//! (0.33). On an H100 (~3 TB/s): a 4096 x 4096 Q4_K matrix is 9.4 MB, 3.1 µs; a 32000 x 4096
+//! one 74 MB, 25 µs; a 576 x 1536 Q4_1 one 0.55 MB, 0.18 µs, far below what a dispatch costs
+//! (~9 µs of submit and GPU time per dispatch as the context records them today), so small
+//! matrices are bound by dispatch overhead, not by these kernels. y is rows·4 bytes; x is
+//! cols·4 bytes but read by every workgroup, which is what shaped the design:
 //!
-//! Design (matvec.wgsl): 256 invocations per workgroup, a power-of-two `TPR` of them per row
-//! (chosen from the row's work units so short rows do not leave most invocations idle), the rest
-//! of the workgroup on further rows. A work unit is one block for the 32-weight types and a
-//! quarter super-block (64 weights, 16-32 bytes of quants) for the k-quants; invocation t takes
-//! units t, t + TPR, ... so a warp's loads cover one contiguous stretch of the row, and each unit
-//! is decoded in registers and multiplied with x right away (`unpack4xU8` + vec4 FMAs, the min /
-//! offset terms folded per group as d·Σq·x − m·Σx). Blocks whose size is not a multiple of 4
-//! bytes (18, 22, 34, 110, 210) are read as whole words and funnel-shifted (common.wgsl). The
-//! row's partial sums meet in a workgroup tree: log2(TPR) barrier steps, once per row.
+//! # Design (matvec.wgsl), and what the H100 measurements taught
+//!
+//! 256 invocations per workgroup, `TPR` = 32 per row (fewer for short rows), 8 rows per
+//! workgroup. A work unit is one 4-byte quant word of a 32-weight block (4 units per block) or 16
+//! weights of a k-quant super-block (16 units per block), plus the block's scales; invocation t
+//! takes units t, t + TPR, ... four at a time (independent loads in flight), decodes them in
+//! registers and multiplies with x at once; the min / offset terms fold per group as
+//! d·Σq·x − m·Σx; partial sums meet in a workgroup tree. Byte lanes become floats through the
+//! exact `0x4B000000 | b` − 2^23 trick instead of int-to-float conversions (quarter rate).
+//! Blocks whose size is not a multiple of 4 bytes (18, 22, 34, 110, 210) are read as words and
+//! funnel-shifted (common.wgsl). Earlier designs and why they lost (32000 x 4096, GPU time):
+//! - one whole block per invocation: neighbouring invocations read x 128-256 bytes apart, so
+//!   each vec4 load of a warp touched 32 cache lines: Q4_0 97 µs, Q8_0 180 µs at best;
+//! - the same with x reused from registers across 4 rows: worse (Q4_0 247 µs at best; the
+//!   lines, not the bytes, were the cost, and the extra registers cut occupancy);
+//! - word-sized units (coalesced x and W): Q4_0 91 µs, Q8_0 91 µs; then four units per step:
+//!   Q4_0 76 µs, Q8_0 89 µs, F16 123 µs.
+//!
+//! Measured with the parity_qmatmul bench (H100, Vulkan, 2026-11-22; GPU time per call, which
+//! includes a per-dispatch floor: ~9 µs since the context's cheaper dispatch recording, ~20 µs
+//! before), 32000 x 4096: Q8_0 76 µs (1.83 TB/s of weights), Q6_K 88 µs (1.22), Q4_0 64 µs
+//! (1.16), Q4_K 72 µs (1.03); with the ~20 µs floor: F32 205 µs (2.56), F16 134 µs (1.96), Q5_1
+//! 90 µs (1.10), Q4_1 78 µs (1.06), Q5_K 95 µs (0.95), Q5_0 100 µs (0.91), Q3_K 136 µs (0.41),
+//! Q2_K 105 µs (0.41). Same machine, PyTorch (CUDA events, no floor): torch.mv f16 on that
+//! matrix 100 µs (2.63 TB/s), copy 2.98 TB/s. Runs on different machines varied by up to 1.7x.
+//! The quantized kernels are bound by instructions per unit (addressing, scale extraction), not
+//! by DRAM; Q2_K / Q3_K, whose units do 4 scale extractions per word, most of all.
 //!
 //! # Prefill (n > 1)
 //!
 //! matmul.wgsl: 64 x 64 output tiles, K in steps of 32; each step dequantizes the W tile into
 //! workgroup memory once and reuses it for 64 x rows (16 KiB of workgroup memory: WebGPU's
-//! default). Small batches (n <= [`MATVEC_MAX_N`]) use the matvec kernel once per x row instead:
-//! a tile of 64 x rows would be mostly empty.
+//! default); 4 x 4 outputs per invocation. 4096 x 4096 x 512 on the H100: 8.8-10.7 TFLOP/s for
+//! the quantized types, 8.5 for F32, 7.7 for F16, 4.2 for BF16 (the f32 matmul figure of
+//! `anygpu doctor` in BENCHMARKS.md: 0.35). Small batches
+//! (n <= [`MATVEC_MAX_N`]) use the matvec kernel once per x row: a grid of 64-row tiles leaves
+//! the GPU mostly idle there.
 //!
 //! # Limits
 //!
@@ -35,7 +57,7 @@
 //! bound in row slices at offsets that are multiples of 256 bytes, one dispatch per slice; x and
 //! the output are sliced the same way over x rows when they exceed the limit.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{GgmlType, QStorage, QTensor};
 use crate::error::{Error, Result};
@@ -44,6 +66,9 @@ use crate::ops::to_u32;
 use crate::tensor::{DType, Tensor};
 
 const COMMON_WGSL: &str = include_str!("common.wgsl");
+const MATVEC_WGSL: &str = include_str!("matvec.wgsl");
+const MATMUL_WGSL: &str = include_str!("matmul.wgsl");
+const GATHER_WGSL: &str = include_str!("gather.wgsl");
 
 /// Invocations per workgroup of every kernel here (WebGPU's default maximum).
 const WG: usize = 256;
@@ -52,8 +77,10 @@ const WG: usize = 256;
 /// at 256, and every power of two up to it divides it).
 const BIND_ALIGN: u64 = 256;
 
-/// Up to this many x rows, the matvec kernel (run once per x row) beats a 64-row tile.
-pub const MATVEC_MAX_N: usize = 4;
+/// Up to this many x rows, the matvec kernel (run once per x row) beats the tiled one, whose
+/// 64 x 64 tiles leave a GPU mostly idle at small n (H100, 4096 x 4096 Q4_K: 154 µs against
+/// 565 µs at n = 16).
+pub const MATVEC_MAX_N: usize = 16;
 
 /// Which kernel a product uses (tests force each one on every shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +99,9 @@ pub struct QOptions {
     /// Bind at most this many bytes at once (tests of the row slicing); the device's
     /// `max_storage_buffer_binding_size` when `None`.
     pub max_binding: Option<u64>,
+    /// Invocations per row of the matvec kernel (a power of two up to 256), for tuning;
+    /// chosen from the row length when `None`.
+    pub threads_per_row: Option<usize>,
 }
 
 /// The WGSL suffix of a type's functions (`mv_q4_0`, `deq8_q4_0`).
@@ -93,19 +123,22 @@ fn wgsl_name(ty: GgmlType) -> &'static str {
     }
 }
 
-/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl).
+/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl): 4 elements
+/// of the plain float types, one quant word of the 32-weight blocks (4 per block), 16 weights of
+/// the k-quants (16 per super-block).
 fn matvec_units(ty: GgmlType, cols: usize) -> usize {
     match ty {
-        GgmlType::F32 => cols.div_ceil(4),
-        GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(8),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 32,
-        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 256 * 4,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(4),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 8,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 16,
     }
 }
 
-/// Invocations per row: enough for about two units each, a power of two in 1..=256.
+/// Invocations per row: 32 (one warp on NVIDIA), fewer for short rows (about four units each).
+/// Measured on an H100 over 8..256 for every type: 32 was best or within a few percent for
+/// rows of 4096 weights and 4096 to 32000 rows.
 fn threads_per_row(units: usize) -> usize {
-    units.div_ceil(2).next_power_of_two().clamp(1, WG)
+    units.div_ceil(4).next_power_of_two().clamp(1, 32)
 }
 
 /// A run of W rows bound on their own: `rows` rows from `r0`, bound at byte `bind_off` of the
@@ -212,9 +245,53 @@ struct GatherParams {
     _pad: [u32; 2],
 }
 
-/// `fn deq8` forwarding to the type's expansion (matmul.wgsl, gather.wgsl).
-fn deq8_header(ty: GgmlType) -> String {
-    format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{}(rb, c, cols); }}", wgsl_name(ty))
+/// `src` without the `// @@` sections of other types than `tag` (see common.wgsl).
+fn keep_sections(src: &str, tag: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut keep = true;
+    for line in src.lines() {
+        if let Some(tags) = line.trim_start().strip_prefix("// @@") {
+            let tags: Vec<&str> = tags.split_whitespace().collect();
+            keep = tags == ["end"] || tags.contains(&tag);
+            continue;
+        }
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The kernels of this module.
+#[derive(Clone, Copy)]
+enum Source {
+    Matvec = 0,
+    Matmul = 1,
+    Gather = 2,
+}
+
+/// The WGSL of one kernel for one type: common.wgsl and the kernel's file with that type's
+/// sections only, and the forwarding function the entry point calls. Built once per
+/// (kernel, type) and kept for the life of the process (39 strings at most), so the pipeline
+/// cache can key on a `&'static str` as it does for the other kernels.
+fn type_source(kind: Source, ty: GgmlType) -> &'static str {
+    static SOURCES: [[OnceLock<&'static str>; 13]; 3] = [const { [const { OnceLock::new() }; 13] }; 3];
+    let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
+    SOURCES[kind as usize][ti].get_or_init(|| {
+        let name = wgsl_name(ty);
+        let (file, forward) = match kind {
+            Source::Matvec => {
+                (MATVEC_WGSL, format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"))
+            }
+            Source::Matmul | Source::Gather => (
+                if matches!(kind, Source::Matmul) { MATMUL_WGSL } else { GATHER_WGSL },
+                format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}"),
+            ),
+        };
+        let text = format!("{}\n{}\n{forward}\n", keep_sections(COMMON_WGSL, name), keep_sections(file, name));
+        Box::leak(text.into_boxed_str())
+    })
 }
 
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
@@ -274,16 +351,17 @@ fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: 
     u(n.checked_mul(rows.max(cols)).ok_or_else(|| Error::shape(OP, "size overflows"))?)?;
 
     let name = wgsl_name(ty);
-    let tpr = threads_per_row(matvec_units(ty, cols));
+    let tpr = match opts.threads_per_row {
+        Some(t) if t.is_power_of_two() && t <= WG => t,
+        Some(t) => return Err(Error::shape(OP, format!("threads_per_row {t} is not a power of two up to {WG}"))),
+        None => threads_per_row(matvec_units(ty, cols)),
+    };
+
     let spec = match kernel {
-        QKernel::Matvec => KernelSpec::new(format!("qmatvec_{name}_t{tpr}"), include_str!("matvec.wgsl"), "matvec")
-            .with(COMMON_WGSL)
-            .with(&format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"))
+        QKernel::Matvec => KernelSpec::new(format!("qmatvec_{name}_t{tpr}"), type_source(Source::Matvec, ty), "matvec")
             .constant_u32("TPR", tpr as u32)
             .constant_u32("RPW", (WG / tpr) as u32),
-        QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), include_str!("matmul.wgsl"), "matmul")
-            .with(COMMON_WGSL)
-            .with(&deq8_header(ty)),
+        QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), type_source(Source::Matmul, ty), "matmul"),
     };
     let pipeline = ctx.pipeline(&spec, &[])?;
     // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
@@ -360,9 +438,7 @@ pub fn gather_rows_opts(w: &QTensor, ids: &[u32], opts: QOptions) -> Result<Tens
     u(ids.len().checked_mul(cols).ok_or_else(|| Error::shape(OP, "output size overflows"))?)?;
     let idbuf = ctx.upload(bytemuck::cast_slice(ids))?;
     let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
-    let spec = KernelSpec::new(format!("qgather_{}", wgsl_name(ty)), include_str!("gather.wgsl"), "gather")
-        .with(COMMON_WGSL)
-        .with(&deq8_header(ty));
+    let spec = KernelSpec::new(format!("qgather_{}", wgsl_name(ty)), type_source(Source::Gather, ty), "gather");
     let pipeline = ctx.pipeline(&spec, &[])?;
     for s in row_slices(OP, w, binding_limit(&ctx, &opts))? {
         let params = GatherParams {

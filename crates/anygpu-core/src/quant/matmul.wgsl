@@ -6,7 +6,8 @@
 // Both tiles are stored K-major as vec4 (16 KiB in all: exactly WebGPU's default limit) so the
 // inner loop reads one vec4 of each per k.
 //
-// Prepended by the host: common.wgsl and `fn deq8(rb, c, cols) -> V8` for the type.
+// Assembled by the host with common.wgsl (one type's sections) and `fn deq8(rb, c, cols) -> V8`
+// forwarding to the type's expansion.
 
 struct Params {
     rows: u32,       // rows of W in this dispatch

@@ -1,17 +1,22 @@
 // y = W x with W in GGML blocks, read as stored (decode: one token, memory-bound).
 //
-// A workgroup of 256 invocations handles RPW = 256 / TPR rows; the TPR invocations of a row walk
-// its work units (`mv_unit`, one per type below) with stride TPR, so neighbouring invocations read
-// neighbouring bytes of the row and each unit's words are decoded in registers and multiplied with
-// x at once. Partial sums are reduced with a workgroup tree. x is read through the cache (as vec4
-// for the quantized types, whose rows are whole 32-weight blocks); it is too large for workgroup
-// memory under WebGPU's 16 KiB in general, and every workgroup reads the same x, so it stays hot
-// in L1/L2. Several x rows (small batches) are supported by extra workgroups: workgroup g handles
-// row group g % groups of x row g / groups.
+// A workgroup of 256 invocations handles RPW = 256 / TPR rows, TPR invocations per row.
+// Invocation t of a row takes the row's work units t, t + TPR, ... A unit is one or two 4-byte
+// words of a block's quants (8 to 16 weights) plus the block's scales, so neighbouring
+// invocations read neighbouring words of W *and* neighbouring vec4s of x: a warp's loads touch
+// a few cache lines each. (Whole blocks per invocation put neighbours' x reads 128-256 bytes
+// apart: every vec4 load of a warp touched 32 lines, and the kernel ran at a quarter of the
+// bandwidth on an H100.) The scales are re-read by the invocations sharing a block, from the
+// same cache line. Each unit is decoded in registers and multiplied with x at once; the
+// min / offset terms are folded per group as d * sum(q x) - m * sum(x). Partial sums meet in a
+// workgroup tree. Small batches run extra workgroups: workgroup g handles row group
+// g % groups of x row g / groups.
 //
-// Prepended by the host: common.wgsl, `const TPR`, `const RPW`, and
-// `fn mv_unit(rb, u, xb) -> f32` forwarding to the type's function; for the quantized types `xb`
-// is the x row's first vec4, for F32/F16/BF16 its first element.
+// Assembled by the host from common.wgsl and this file, keeping the `// @@` sections of one type
+// (see common.wgsl), with `const TPR`, `const RPW`, and `fn mv_unit(rb, u, xb)` forwarding to
+// the type's function. `rb` is the row's first byte; `xb` the x row's first vec4
+// for the quantized types (whose rows are whole 32-weight blocks), its first element for
+// F32/F16/BF16.
 
 struct Params {
     rows: u32,       // rows of W in this dispatch
@@ -37,302 +42,280 @@ struct Params {
 
 var<workgroup> red: array<f32, 256>;
 
-// ---- plain float rows ----------------------------------------------------------------------
+fn hsum(v: vec4<f32>) -> f32 {
+    return v.x + v.y + v.z + v.w;
+}
 
-// F32: 4 elements per unit, masked at the row end.
+// ---- plain float rows: 4 elements per unit, masked at the row end ----------------------------
+
+// @@ f32 f16 bf16
+// x[e..e+4] of the row starting at element xb, zero past the row end.
+fn x1_4(xb: u32, e: u32) -> vec4<f32> {
+    let ok = vec4<u32>(e, e + 1u, e + 2u, e + 3u) < vec4<u32>(p.cols);
+    return select(vec4<f32>(0.0), vec4<f32>(x1[xb + e], x1[xb + e + 1u], x1[xb + e + 2u], x1[xb + e + 3u]), ok);
+}
+
+// @@ f32 f16 bf16
+fn cols_ok(e: u32) -> vec4<bool> {
+    return vec4<u32>(e, e + 1u, e + 2u, e + 3u) < vec4<u32>(p.cols);
+}
+
+// @@ f32
 fn mv_f32(rb: u32, u: u32, xb: u32) -> f32 {
-    var s = 0.0;
-    for (var i = 0u; i < 4u; i++) {
-        let e = 4u * u + i;
-        s += select(0.0, bitcast<f32>(w[(rb >> 2u) + e]) * x1[xb + e], e < p.cols);
-    }
-    return s;
+    let e = 4u * u;
+    let i = (rb >> 2u) + e;
+    let v = bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+    // Masked with select, not by x = 0: bytes past the row may decode to NaN.
+    return dot(select(vec4<f32>(0.0), v, cols_ok(e)), x1_4(xb, e));
 }
 
-// F16: 8 elements (16 bytes) per unit; rows of odd length start mid-word, hence u32_at.
+// @@ f16
+// F16 / BF16: 8 bytes per unit; rows of odd length start mid-word, hence u32_at.
 fn mv_f16(rb: u32, u: u32, xb: u32) -> f32 {
-    var s = 0.0;
-    for (var i = 0u; i < 4u; i++) {
-        let e = 8u * u + 2u * i;
-        let v = unpack2x16float(u32_at(rb + 2u * e));
-        s += select(0.0, v.x * x1[xb + e], e < p.cols) + select(0.0, v.y * x1[xb + e + 1u], e + 1u < p.cols);
-    }
-    return s;
+    let e = 4u * u;
+    let v = vec4<f32>(unpack2x16float(u32_at(rb + 8u * u)), unpack2x16float(u32_at(rb + 8u * u + 4u)));
+    return dot(select(vec4<f32>(0.0), v, cols_ok(e)), x1_4(xb, e));
 }
 
+// @@ bf16
 fn mv_bf16(rb: u32, u: u32, xb: u32) -> f32 {
-    var s = 0.0;
-    for (var i = 0u; i < 4u; i++) {
-        let e = 8u * u + 2u * i;
-        let q = u32_at(rb + 2u * e);
-        let a = bitcast<f32>(q << 16u);
-        let b = bitcast<f32>(q & 0xFFFF0000u);
-        s += select(0.0, a * x1[xb + e], e < p.cols) + select(0.0, b * x1[xb + e + 1u], e + 1u < p.cols);
-    }
-    return s;
+    let e = 4u * u;
+    let a = u32_at(rb + 8u * u);
+    let b = u32_at(rb + 8u * u + 4u);
+    let v = bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xFFFF0000u, b << 16u, b & 0xFFFF0000u));
+    return dot(select(vec4<f32>(0.0), v, cols_ok(e)), x1_4(xb, e));
 }
+// @@ end
 
-// ---- 32-weight blocks: one block per unit ----------------------------------------------------
+// ---- 32-weight blocks: 4 units per block -------------------------------------------------------
+// Unit (b, j): qs word j = bytes 4j..4j+4, i.e. weights 4j.. (low nibbles, x4[8b + j]) and
+// 16 + 4j.. (high nibbles, x4[8b + 4 + j]).
 
-// Word k of a 16-byte field that starts 2 bytes into word `a` (odd == false) or at word `b`
-// (odd == true): blocks of 18, 22 and 34 bytes alternate between the two alignments.
-fn qw(a: u32, b: u32, odd: bool) -> u32 {
-    return select((a >> 16u) | (b << 16u), b, odd);
-}
-
-// Low nibbles of q: weights 4k..4k+4 with x4[xo + k]; high nibbles: weights 16+4k.. with x4[xo+4+k].
-fn q4_lo_hi(q: u32, xo: u32, k: u32, bias: f32, acc: vec4<f32>) -> vec4<f32> {
-    let a = fma(nib4(q) - bias, x4[xo + k], acc);
-    return fma(nib4(q >> 4u) - bias, x4[xo + 4u + k], a);
-}
-
+// @@ q4_0
 fn mv_q4_0(rb: u32, u: u32, xb: u32) -> f32 {
-    let off = rb + u * 18u;
-    let i = off >> 2u;
-    let odd = (off & 2u) != 0u;
-    let w0 = w[i];
-    let w1 = w[i + 1u];
-    let w2 = w[i + 2u];
-    let w3 = w[i + 3u];
-    let w4 = w[i + 4u];
-    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
-    let xo = xb + u * 8u;
-    var acc = q4_lo_hi(qw(w0, w1, odd), xo, 0u, 8.0, vec4<f32>(0.0));
-    acc = q4_lo_hi(qw(w1, w2, odd), xo, 1u, 8.0, acc);
-    acc = q4_lo_hi(qw(w2, w3, odd), xo, 2u, 8.0, acc);
-    acc = q4_lo_hi(qw(w3, w4, odd), xo, 3u, 8.0, acc);
-    return d * (acc.x + acc.y + acc.z + acc.w);
+    let b = u >> 2u;
+    let j = u & 3u;
+    let off = rb + b * 18u;
+    let q = u32_at(off + 2u + 4u * j);
+    let xo = xb + 8u * b + j;
+    let s = dot(u8x4b(q & 0x0F0F0F0Fu, 8.0), x4[xo]) + dot(u8x4b((q >> 4u) & 0x0F0F0F0Fu, 8.0), x4[xo + 4u]);
+    return f16_at(off) * s;
 }
 
+// @@ q4_1
 fn mv_q4_1(rb: u32, u: u32, xb: u32) -> f32 {
-    let i = (rb + u * 20u) >> 2u;
+    let b = u >> 2u;
+    let i = (rb + b * 20u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let xo = xb + u * 8u;
-    var acc = vec4<f32>(0.0);
-    var sx = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        acc = q4_lo_hi(w[i + 1u + k], xo, k, 0.0, acc);
-        sx += x4[xo + k] + x4[xo + 4u + k];
-    }
-    return dm.x * (acc.x + acc.y + acc.z + acc.w) + dm.y * (sx.x + sx.y + sx.z + sx.w);
+    let q = w[i + 1u + (u & 3u)];
+    let xo = xb + 8u * b + (u & 3u);
+    let xl = x4[xo];
+    let xh = x4[xo + 4u];
+    return dm.x * (dot(nib4(q), xl) + dot(nib4(q >> 4u), xh)) + dm.y * hsum(xl + xh);
 }
 
-// Q5: low nibbles | fifth bits from qh, for weights 4k.. (lo) and 16+4k.. (hi).
-fn q5_lo_hi(q: u32, qh: u32, xo: u32, k: u32, bias: f32, acc: vec4<f32>) -> vec4<f32> {
-    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * k));
-    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * k));
-    let a = fma(u8x4(lo) - bias, x4[xo + k], acc);
-    return fma(u8x4(hi) - bias, x4[xo + 4u + k], a);
-}
-
+// @@ q5_0
 fn mv_q5_0(rb: u32, u: u32, xb: u32) -> f32 {
-    let off = rb + u * 22u;
-    let i = off >> 2u;
-    let odd = (off & 2u) != 0u;
-    let w0 = w[i];
-    let w1 = w[i + 1u];
-    let w2 = w[i + 2u];
-    let w3 = w[i + 3u];
-    let w4 = w[i + 4u];
-    let w5 = w[i + 5u];
-    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
-    let qh = qw(w0, w1, odd);
-    let xo = xb + u * 8u;
-    var acc = q5_lo_hi(qw(w1, w2, odd), qh, xo, 0u, 16.0, vec4<f32>(0.0));
-    acc = q5_lo_hi(qw(w2, w3, odd), qh, xo, 1u, 16.0, acc);
-    acc = q5_lo_hi(qw(w3, w4, odd), qh, xo, 2u, 16.0, acc);
-    acc = q5_lo_hi(qw(w4, w5, odd), qh, xo, 3u, 16.0, acc);
-    return d * (acc.x + acc.y + acc.z + acc.w);
+    let b = u >> 2u;
+    let j = u & 3u;
+    let off = rb + b * 22u;
+    let qh = u32_at(off + 2u);
+    let q = u32_at(off + 6u + 4u * j);
+    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
+    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let xo = xb + 8u * b + j;
+    return f16_at(off) * (dot(u8x4b(lo, 16.0), x4[xo]) + dot(u8x4b(hi, 16.0), x4[xo + 4u]));
 }
 
+// @@ q5_1
 fn mv_q5_1(rb: u32, u: u32, xb: u32) -> f32 {
-    let i = (rb + u * 24u) >> 2u;
+    let b = u >> 2u;
+    let j = u & 3u;
+    let i = (rb + b * 24u) >> 2u;
     let dm = unpack2x16float(w[i]);
     let qh = w[i + 1u];
-    let xo = xb + u * 8u;
-    var acc = vec4<f32>(0.0);
-    var sx = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        acc = q5_lo_hi(w[i + 2u + k], qh, xo, k, 0.0, acc);
-        sx += x4[xo + k] + x4[xo + 4u + k];
-    }
-    return dm.x * (acc.x + acc.y + acc.z + acc.w) + dm.y * (sx.x + sx.y + sx.z + sx.w);
+    let q = w[i + 2u + j];
+    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
+    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let xo = xb + 8u * b + j;
+    let xl = x4[xo];
+    let xh = x4[xo + 4u];
+    return dm.x * (dot(u8x4(lo), xl) + dot(u8x4(hi), xh)) + dm.y * hsum(xl + xh);
 }
 
+// @@ q8_0
+// Q8_0 unit (b, j): bytes 8j..8j+8 of qs, weights 8j.. (x4[8b + 2j], x4[8b + 2j + 1]).
 fn mv_q8_0(rb: u32, u: u32, xb: u32) -> f32 {
-    let off = rb + u * 34u;
-    let i = off >> 2u;
-    let odd = (off & 2u) != 0u;
-    let w0 = w[i];
-    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
-    let xo = xb + u * 8u;
-    var acc = vec4<f32>(0.0);
-    var prev = w0;
-    for (var k = 0u; k < 8u; k++) {
-        let next = w[i + 1u + k];
-        acc = fma(vec4<f32>(unpack4xI8(qw(prev, next, odd))), x4[xo + k], acc);
-        prev = next;
-    }
-    return d * (acc.x + acc.y + acc.z + acc.w);
+    let b = u >> 2u;
+    let j = u & 3u;
+    let off = rb + b * 34u;
+    let qo = off + 2u + 8u * j;
+    let xo = xb + 8u * b + 2u * j;
+    return f16_at(off) * (dot(i8x4(u32_at(qo)), x4[xo]) + dot(i8x4(u32_at(qo + 4u)), x4[xo + 1u]));
 }
+// @@ end
 
-// ---- k-quants: four units per 256-weight block -----------------------------------------------
+// ---- k-quants: 16 units per 256-weight super-block ---------------------------------------------
 
-// Q2_K unit (n, h) = 64 weights 128n + 32jj + 16h + l (jj 0..4, l 0..16): 16 qs bytes, 4 scales.
+// @@ q2k
+// Q2_K unit (b, j), j = 8n + 4h + m: qs word j (bytes 32n + 16h + 4m..), which holds weights
+// 128n + 32jj + 16h + 4m.. (jj 0..4, at shift 2jj) of groups 8n + 2jj + h: x4[32n + 8jj + 4h + m].
 fn mv_q2k(rb: u32, u: u32, xb: u32) -> f32 {
-    let sub = u & 3u;
-    let n = sub >> 1u;
-    let h = sub & 1u;
-    let i = (rb + (u >> 2u) * 84u) >> 2u;
+    let b = u >> 4u;
+    let j = u & 15u;
+    let n = j >> 3u;
+    let h = (j >> 2u) & 1u;
+    let i = (rb + b * 84u) >> 2u;
     let dd = unpack2x16float(w[i + 20u]);
-    // Scales of groups 8n + 2jj + h: bytes 8n + h + 2jj, i.e. byte h (jj even) or 2 + h (jj odd)
-    // of the words 2n (jj 0, 1) and 2n + 1 (jj 2, 3).
+    let q = w[i + 4u + j];
+    // Scale bytes 8n + 2jj + h: byte h (jj even) or 2 + h (jj odd) of word 2n (jj 0, 1) or
+    // word 2n + 1 (jj 2, 3).
     let s01 = w[i + 2u * n];
     let s23 = w[i + 2u * n + 1u];
-    let q0 = w[i + 4u + 8u * n + 4u * h];
-    let q1 = w[i + 5u + 8u * n + 4u * h];
-    let q2 = w[i + 6u + 8u * n + 4u * h];
-    let q3 = w[i + 7u + 8u * n + 4u * h];
-    let xo = xb + (u >> 2u) * 64u + 32u * n + 4u * h;
+    let xo = xb + 64u * b + 32u * n + (j & 7u);
     var sq = 0.0;
     var sm = 0.0;
     for (var jj = 0u; jj < 4u; jj++) {
-        let sh = 2u * jj;
-        let x0 = x4[xo + 8u * jj];
-        let x1v = x4[xo + 8u * jj + 1u];
-        let x2 = x4[xo + 8u * jj + 2u];
-        let x3 = x4[xo + 8u * jj + 3u];
-        var a = u8x4((q0 >> sh) & 0x03030303u) * x0;
-        a = fma(u8x4((q1 >> sh) & 0x03030303u), x1v, a);
-        a = fma(u8x4((q2 >> sh) & 0x03030303u), x2, a);
-        a = fma(u8x4((q3 >> sh) & 0x03030303u), x3, a);
-        let sx = x0 + x1v + x2 + x3;
+        let xv = x4[xo + 8u * jj];
         let sc = (select(s01, s23, jj >= 2u) >> (8u * h + 16u * (jj & 1u))) & 0xFFu;
-        sq += f32(sc & 15u) * (a.x + a.y + a.z + a.w);
-        sm += f32(sc >> 4u) * (sx.x + sx.y + sx.z + sx.w);
+        sq += f32(sc & 15u) * dot(u8x4((q >> (2u * jj)) & 0x03030303u), xv);
+        sm += f32(sc >> 4u) * hsum(xv);
     }
     return dd.x * sq - dd.y * sm;
 }
 
-// Q3_K unit (n, h) as Q2_K, plus the high bits from hmask[16h + l] at bit 4n + jj.
+// @@ q3k
+// Signed scale of Q3_K group g from the 12 scale bytes held in words s0, s1, s2.
+fn q3k_scale_w(s0: u32, s1: u32, s2: u32, g: u32) -> f32 {
+    let sh = 8u * (g & 3u);
+    let low = ((select(s0, s1, (g & 7u) >= 4u) >> sh) >> (4u * (g >> 3u))) & 15u;
+    let high = ((s2 >> sh) >> (2u * (g >> 2u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+// @@ q3k
+// Q3_K unit (b, j) as Q2_K, plus the high bits: hmask word 4h + m, bit 4n + jj of each byte.
 fn mv_q3k(rb: u32, u: u32, xb: u32) -> f32 {
-    let sub = u & 3u;
-    let n = sub >> 1u;
-    let h = sub & 1u;
-    let off = rb + (u >> 2u) * 110u;
-    let qo = off + 32u + 32u * n + 16u * h;
-    let ho = off + 16u * h;
-    let q0 = u32_at(qo);
-    let q1 = u32_at(qo + 4u);
-    let q2 = u32_at(qo + 8u);
-    let q3 = u32_at(qo + 12u);
-    let h0 = u32_at(ho);
-    let h1 = u32_at(ho + 4u);
-    let h2 = u32_at(ho + 8u);
-    let h3 = u32_at(ho + 12u);
-    let xo = xb + (u >> 2u) * 64u + 32u * n + 4u * h;
+    let b = u >> 4u;
+    let j = u & 15u;
+    let n = j >> 3u;
+    let h = (j >> 2u) & 1u;
+    let off = rb + b * 110u;
+    let q = u32_at(off + 32u + 4u * j);
+    let hm = u32_at(off + 4u * (j & 7u));
+    let s0 = u32_at(off + 96u);
+    let s1 = u32_at(off + 100u);
+    let s2 = u32_at(off + 104u);
+    let xo = xb + 64u * b + 32u * n + (j & 7u);
     var s = 0.0;
     for (var jj = 0u; jj < 4u; jj++) {
-        let sh = 2u * jj;
-        let hs = 4u * n + jj;
-        var a = (u8x4(((q0 >> sh) & 0x03030303u) | (((h0 >> hs) & 0x01010101u) << 2u)) - 4.0) * x4[xo + 8u * jj];
-        a = fma(u8x4(((q1 >> sh) & 0x03030303u) | (((h1 >> hs) & 0x01010101u) << 2u)) - 4.0, x4[xo + 8u * jj + 1u], a);
-        a = fma(u8x4(((q2 >> sh) & 0x03030303u) | (((h2 >> hs) & 0x01010101u) << 2u)) - 4.0, x4[xo + 8u * jj + 2u], a);
-        a = fma(u8x4(((q3 >> sh) & 0x03030303u) | (((h3 >> hs) & 0x01010101u) << 2u)) - 4.0, x4[xo + 8u * jj + 3u], a);
-        s += scale_q3k(off + 96u, 8u * n + 2u * jj + h) * (a.x + a.y + a.z + a.w);
+        let v = ((q >> (2u * jj)) & 0x03030303u) | (((hm >> (4u * n + jj)) & 0x01010101u) << 2u);
+        s += q3k_scale_w(s0, s1, s2, 8u * n + 2u * jj + h) * dot(u8x4b(v, 4.0), x4[xo + 8u * jj]);
     }
     return f16_at(off + 108u) * s;
 }
 
-// Q4_K unit k = one 32-byte chunk: 64 weights, groups 2k (low nibbles) and 2k + 1 (high).
+// @@ q4k q5k
+// 6-bit scale and min of Q4_K / Q5_K group g from the 12 scale bytes in words s0, s1, s2
+// (get_scale_min_k4 on words: bytes g & 3 of s0, s1, s2 are bytes g & 3, 4 + (g & 3), 8 + (g & 3)).
+fn scale_min_k4_w(s0: u32, s1: u32, s2: u32, g: u32) -> vec2<f32> {
+    let sh = 8u * (g & 3u);
+    let a = (s0 >> sh) & 0xFFu;
+    let b = (s1 >> sh) & 0xFFu;
+    let c = (s2 >> sh) & 0xFFu;
+    let sc = select((c & 15u) | ((a >> 6u) << 4u), a & 63u, g < 4u);
+    let m = select((c >> 4u) | ((b >> 6u) << 4u), b & 63u, g < 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+// @@ q4k
+// Q4_K unit (b, j), j = 4k + mm: words 2mm, 2mm + 1 of chunk k, i.e. weights 64k + 8mm.. (low
+// nibbles, group 2k, x4[16k + 2mm + 0..2]) and 64k + 32 + 8mm.. (high, group 2k + 1, x4[+8]).
 fn mv_q4k(rb: u32, u: u32, xb: u32) -> f32 {
-    let k = u & 3u;
-    let off = rb + (u >> 2u) * 144u;
-    let i = off >> 2u;
+    let b = u >> 4u;
+    let j = u & 15u;
+    let k = j >> 2u;
+    let i = (rb + b * 144u) >> 2u;
     let dd = unpack2x16float(w[i]);
-    let sm0 = scale_min_k4(off + 4u, 2u * k);
-    let sm1 = scale_min_k4(off + 4u, 2u * k + 1u);
-    let qi = i + 4u + 8u * k;
-    let xo = xb + (u >> 2u) * 64u + 16u * k;
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
-    var sa = vec4<f32>(0.0);
-    var sb = vec4<f32>(0.0);
-    for (var m = 0u; m < 8u; m++) {
-        let q = w[qi + m];
-        let xa = x4[xo + m];
-        let xb2 = x4[xo + 8u + m];
-        a = fma(nib4(q), xa, a);
-        b = fma(nib4(q >> 4u), xb2, b);
-        sa += xa;
-        sb += xb2;
-    }
-    let dot_q = sm0.x * (a.x + a.y + a.z + a.w) + sm1.x * (b.x + b.y + b.z + b.w);
-    let dot_m = sm0.y * (sa.x + sa.y + sa.z + sa.w) + sm1.y * (sb.x + sb.y + sb.z + sb.w);
+    let s0 = w[i + 1u];
+    let s1 = w[i + 2u];
+    let s2 = w[i + 3u];
+    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
+    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
+    let qi = i + 4u + 2u * j;
+    let q0 = w[qi];
+    let q1 = w[qi + 1u];
+    let xo = xb + 64u * b + 16u * k + 2u * (j & 3u);
+    let xl0 = x4[xo];
+    let xl1 = x4[xo + 1u];
+    let xh0 = x4[xo + 8u];
+    let xh1 = x4[xo + 9u];
+    let dot_q = sm0.x * (dot(nib4(q0), xl0) + dot(nib4(q1), xl1))
+        + sm1.x * (dot(nib4(q0 >> 4u), xh0) + dot(nib4(q1 >> 4u), xh1));
+    let dot_m = sm0.y * hsum(xl0 + xl1) + sm1.y * hsum(xh0 + xh1);
     return dd.x * dot_q - dd.y * dot_m;
 }
 
-// Q5_K unit k as Q4_K, with the fifth bits at bits 2k / 2k + 1 of the 32 qh bytes.
+// @@ q5k
+// Q5_K unit as Q4_K, with the fifth bits at bits 2k (low) / 2k + 1 (high) of qh words
+// 2mm, 2mm + 1.
 fn mv_q5k(rb: u32, u: u32, xb: u32) -> f32 {
-    let k = u & 3u;
-    let off = rb + (u >> 2u) * 176u;
-    let i = off >> 2u;
+    let b = u >> 4u;
+    let j = u & 15u;
+    let k = j >> 2u;
+    let mm = j & 3u;
+    let i = (rb + b * 176u) >> 2u;
     let dd = unpack2x16float(w[i]);
-    let sm0 = scale_min_k4(off + 4u, 2u * k);
-    let sm1 = scale_min_k4(off + 4u, 2u * k + 1u);
-    let qi = i + 12u + 8u * k;
-    let xo = xb + (u >> 2u) * 64u + 16u * k;
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
-    var sa = vec4<f32>(0.0);
-    var sb = vec4<f32>(0.0);
-    for (var m = 0u; m < 8u; m++) {
-        let q = w[qi + m];
-        let qh = w[i + 4u + m] >> (2u * k);
-        let xa = x4[xo + m];
-        let xb2 = x4[xo + 8u + m];
-        a = fma(u8x4((q & 0x0F0F0F0Fu) | ((qh & 0x01010101u) << 4u)), xa, a);
-        b = fma(u8x4(((q >> 4u) & 0x0F0F0F0Fu) | ((qh & 0x02020202u) << 3u)), xb2, b);
-        sa += xa;
-        sb += xb2;
-    }
-    let dot_q = sm0.x * (a.x + a.y + a.z + a.w) + sm1.x * (b.x + b.y + b.z + b.w);
-    let dot_m = sm0.y * (sa.x + sa.y + sa.z + sa.w) + sm1.y * (sb.x + sb.y + sb.z + sb.w);
+    let s0 = w[i + 1u];
+    let s1 = w[i + 2u];
+    let s2 = w[i + 3u];
+    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
+    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
+    let h0 = w[i + 4u + 2u * mm] >> (2u * k);
+    let h1 = w[i + 5u + 2u * mm] >> (2u * k);
+    let qi = i + 12u + 2u * j;
+    let q0 = w[qi];
+    let q1 = w[qi + 1u];
+    let xo = xb + 64u * b + 16u * k + 2u * mm;
+    let xl0 = x4[xo];
+    let xl1 = x4[xo + 1u];
+    let xh0 = x4[xo + 8u];
+    let xh1 = x4[xo + 9u];
+    let l0 = (q0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4u);
+    let l1 = (q1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4u);
+    let u0 = ((q0 >> 4u) & 0x0F0F0F0Fu) | ((h0 & 0x02020202u) << 3u);
+    let u1 = ((q1 >> 4u) & 0x0F0F0F0Fu) | ((h1 & 0x02020202u) << 3u);
+    let dot_q = sm0.x * (dot(u8x4(l0), xl0) + dot(u8x4(l1), xl1)) + sm1.x * (dot(u8x4(u0), xh0) + dot(u8x4(u1), xh1));
+    let dot_m = sm0.y * hsum(xl0 + xl1) + sm1.y * hsum(xh0 + xh1);
     return dd.x * dot_q - dd.y * dot_m;
 }
 
-// Q6_K unit (n, lh) = l in 16lh..16lh+16 of half n: 64 weights 128n + 32i + l, i 0..4.
+// @@ q6k
+// Q6_K unit (b, j), j = 8n + m: ql words at 64n + 4m and 64n + 32 + 4m, qh word at
+// 128 + 32n + 4m: weights 128n + 32i + 4m.. for i 0..4 (x4[32n + 8i + m]), scales
+// 8n + m / 4 + 2i.
 fn mv_q6k(rb: u32, u: u32, xb: u32) -> f32 {
-    let sub = u & 3u;
-    let n = sub >> 1u;
-    let lh = sub & 1u;
-    let off = rb + (u >> 2u) * 210u;
-    let la = off + 64u * n + 16u * lh;
-    let ho = off + 128u + 32u * n + 16u * lh;
-    // Scales 8n + lh + 2i (i 0..4): bytes lh, lh + 2 of the first word, of the second word.
+    let b = u >> 4u;
+    let j = u & 15u;
+    let n = j >> 3u;
+    let m = j & 7u;
+    let off = rb + b * 210u;
+    let qa = u32_at(off + 64u * n + 4u * m);
+    let qb = u32_at(off + 64u * n + 32u + 4u * m);
+    let qh = u32_at(off + 128u + 32u * n + 4u * m);
     let s0 = u32_at(off + 192u + 8u * n);
     let s1 = u32_at(off + 196u + 8u * n);
-    let xo = xb + (u >> 2u) * 64u + 32u * n + 4u * lh;
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
-    for (var m = 0u; m < 4u; m++) {
-        let qa = u32_at(la + 4u * m);
-        let qb = u32_at(la + 32u + 4u * m);
-        let qh = u32_at(ho + 4u * m);
-        a0 = fma(u8x4((qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u)) - 32.0, x4[xo + m], a0);
-        a1 = fma(u8x4((qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u)) - 32.0, x4[xo + 8u + m], a1);
-        a2 = fma(u8x4(((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u)) - 32.0, x4[xo + 16u + m], a2);
-        a3 = fma(u8x4(((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u)) - 32.0, x4[xo + 24u + m], a3);
-    }
-    let sh = 8u * lh;
-    let s = f32(i8_of((s0 >> sh) & 0xFFu)) * (a0.x + a0.y + a0.z + a0.w)
-        + f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)) * (a1.x + a1.y + a1.z + a1.w)
-        + f32(i8_of((s1 >> sh) & 0xFFu)) * (a2.x + a2.y + a2.z + a2.w)
-        + f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)) * (a3.x + a3.y + a3.z + a3.w);
+    let xo = xb + 64u * b + 32u * n + m;
+    let a0 = dot(u8x4b((qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u), 32.0), x4[xo]);
+    let a1 = dot(u8x4b((qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u), 32.0), x4[xo + 8u]);
+    let a2 = dot(u8x4b(((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u), 32.0), x4[xo + 16u]);
+    let a3 = dot(u8x4b(((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u), 32.0), x4[xo + 24u]);
+    let sh = 8u * (m >> 2u);
+    let s = f32(i8_of((s0 >> sh) & 0xFFu)) * a0 + f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)) * a1
+        + f32(i8_of((s1 >> sh) & 0xFFu)) * a2 + f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)) * a3;
     return f16_at(off + 208u) * s;
 }
+// @@ end
 
 // ---- entry point -------------------------------------------------------------------------------
 
@@ -347,7 +330,17 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (live) {
         let rb = p.w_off + row * p.row_bytes;
         let xb = p.x_off + xr * p.x_stride;
-        for (var u = t; u < p.units; u += TPR) {
+        // Four units per step: their loads are independent, so each invocation keeps four
+        // memory requests in flight instead of one (the kernel is latency-bound otherwise).
+        var u = t;
+        for (; u + 3u * TPR < p.units; u += 4u * TPR) {
+            let a = mv_unit(rb, u, xb);
+            let b = mv_unit(rb, u + TPR, xb);
+            let c = mv_unit(rb, u + 2u * TPR, xb);
+            let d = mv_unit(rb, u + 3u * TPR, xb);
+            acc += (a + b) + (c + d);
+        }
+        for (; u < p.units; u += TPR) {
             acc += mv_unit(rb, u, xb);
         }
     }

@@ -289,3 +289,55 @@ fn probe() {
         }
     }
 }
+
+#[test]
+#[ignore]
+fn dump_glsl() {
+    let want = std::env::var("VARIANT").unwrap();
+    for (label, _, src) in blocked_wgsl_variants() {
+        if label != want {
+            continue;
+        }
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+        let info = v.validate(&module).unwrap();
+        let opts = naga::back::glsl::Options { version: naga::back::glsl::Version::Desktop(430), ..Default::default() };
+        let popts = naga::back::glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "matmul".into(),
+            multiview: None,
+        };
+        let mut out = String::new();
+        let policies = naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Restrict,
+            ..Default::default()
+        };
+        let mut w = naga::back::glsl::Writer::new(&mut out, &module, &info, &opts, &popts, policies).unwrap();
+        w.write().unwrap();
+        std::fs::write("/tmp/mm/dump.glsl", &out).unwrap();
+        std::fs::write("/tmp/mm/dump.wgsl", &src).unwrap();
+    }
+}
+
+#[test]
+#[ignore]
+fn probe_gl_compile() {
+    let d = &gpu_devices()[2];
+    let ctx = d.gpu().unwrap();
+    let variants: &[(&str, &str)] = &[
+        ("vec4x1024", "var<workgroup> s: array<vec4<f32>, 1024>;\n@group(0) @binding(1) var<storage, read_write> o: array<f32>;\n@compute @workgroup_size(256) fn main(@builtin(local_invocation_index) i: u32) { s[i] = vec4<f32>(f32(i)); workgroupBarrier(); o[i] = s[(i + 1u) % 1024u].x; }"),
+        ("f32x4096", "var<workgroup> s: array<f32, 4096>;\n@group(0) @binding(1) var<storage, read_write> o: array<f32>;\n@compute @workgroup_size(256) fn main(@builtin(local_invocation_index) i: u32) { s[i] = f32(i); workgroupBarrier(); o[i] = s[(i + 1u) % 4096u]; }"),
+        ("f32x1024", "var<workgroup> s: array<f32, 1024>;\n@group(0) @binding(1) var<storage, read_write> o: array<f32>;\n@compute @workgroup_size(256) fn main(@builtin(local_invocation_index) i: u32) { s[i] = f32(i); workgroupBarrier(); o[i] = s[(i + 1u) % 1024u]; }"),
+    ];
+    for (name, src) in variants {
+        let t0 = std::time::Instant::now();
+        let src: &'static str = Box::leak(src.to_string().into_boxed_str());
+        let p = ctx.pipeline(&anygpu_core::gpu::KernelSpec::new(*name, src, "main"), &[]).unwrap();
+        let t1 = t0.elapsed();
+        let out = Tensor::zeros([256], DType::F32, d).unwrap();
+        ctx.dispatch(&p, "probe", &[], &[anygpu_core::gpu::Bind::Whole(out.gpu_buffer().unwrap())], [1, 1, 1]).unwrap();
+        let _ = out.to_vec_f32().unwrap();
+        eprintln!("{name}: pipeline {t1:?}, first run {:?}", t0.elapsed());
+    }
+}

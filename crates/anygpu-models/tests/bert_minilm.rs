@@ -113,6 +113,7 @@ fn embeddings_match_sentence_transformers() {
     let short: Vec<usize> =
         ["A man is eating food", "Café", "东京", "I love pizza", "Hello world", ""].iter().map(|p| find(p)).collect();
     for dev in devices() {
+        let t0 = std::time::Instant::now();
         let m = load(&dev);
         let mut worst = (0f32, String::new());
         let groups: Vec<(Vec<usize>, usize)> = if matches!(dev, Device::Cpu) {
@@ -125,7 +126,13 @@ fn embeddings_match_sentence_transformers() {
             let out = m.embed(&texts, batch).expect("embed");
             check(&dev, &idx, &out, &mut worst);
         }
-        eprintln!("{}: all cosines >= 0.999; largest element difference {:.1e} ({:?})", dev.name(), worst.0, worst.1);
+        eprintln!(
+            "{}: all cosines >= 0.999; largest element difference {:.1e} ({:?}); {:.1} s",
+            dev.name(),
+            worst.0,
+            worst.1,
+            t0.elapsed().as_secs_f64()
+        );
     }
 }
 

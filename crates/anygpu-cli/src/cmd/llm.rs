@@ -70,7 +70,6 @@ impl SamplingArgs {
 
 /// A model ready to run, with its tokenizer and chat template.
 pub struct Loaded {
-    pub file: Arc<GgufFile>,
     pub model: Llama,
     pub tokenizer: LlmTokenizer,
     pub template: Option<ChatTemplate>,
@@ -145,7 +144,7 @@ pub fn load(device: Option<&str>, args: &ModelArgs, quiet: bool) -> CliResult<Lo
             t0.elapsed().as_secs_f64()
         );
     }
-    Ok(Loaded { file, model, tokenizer, template, n_ctx })
+    Ok(Loaded { model, tokenizer, template, n_ctx })
 }
 
 pub fn describe(dev: &Device) -> String {

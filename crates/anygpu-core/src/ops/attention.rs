@@ -247,7 +247,7 @@ pub struct AttentionTuning {
 }
 
 /// Workgroup memory the GL backend's tiles aim at (see `pick_tiles`).
-const GL_SMEM_BUDGET: u64 = 6 << 10;
+const GL_SMEM_BUDGET: u64 = 5 << 10;
 
 /// The first tile shape that fits the device: large blocks for long query runs, blocks of the
 /// whole row group for decode (few rows per KV head).
@@ -268,8 +268,8 @@ fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles>
         }
     }
     if gl {
-        // One shape for every row count on GL: fewer kernel variants to compile.
-        cands.push(t(8, 8, 8, 8));
+        // Small shapes, the same for every row count: fewer kernel variants to compile.
+        cands.extend([t(4, 8, 4, 8), t(4, 4, 4, 4), t(1, 8, 1, 8)]);
     }
     cands.extend([
         t(64, 32, 32, 8),

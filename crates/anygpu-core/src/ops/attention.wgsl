@@ -17,6 +17,11 @@
 // Scores live in registers; their row max is reduced through red_s, probabilities go through
 // s_s to the threads that own the output columns.
 //
+// The per-thread state (row max / sum / lim, scores, accumulators, staged K/V slots) is a set
+// of named variables, and the code touching it is unrolled by attention.rs into the {{...}}
+// blocks below: drivers keep private arrays in registers only when every index is a literal
+// (NVIDIA's Vulkan compiler otherwise puts them in local memory, ~10x slower here).
+//
 // Every workgroup array is of vec4: wgpu's GL backend zero-fills workgroup memory with one
 // store per element from a single invocation, which llvmpipe compiles slowly (per-lane
 // branches): vec4 elements make four times fewer stores. It also gives 16-byte reads of P.
@@ -25,10 +30,11 @@
 // of 4), NT, SR, SC, OC4, KW4 = OC4 * CT (vec4 columns of a K/V tile row, zero past D4), QS4 and
 // KS4 (row strides in vec4 of the Q and K/V tiles: odd, so rows fall in different banks), SS4
 // (row stride of s_s in vec4: BK / 4 + 2, staggering rows across banks), CT4 = CT / 4,
-// LD = ceil(BK * KW4 / NT) (vec4 of a K/V tile per thread), KV_VEC (K and V rows are 4-element
-// aligned with unit stride: loaded a vec4 at a time). Replaced in the source: KV_T, the K/V element
-// type (f32, or f16 packed two per u32 word; vec4<f32> / vec2<u32> under KV_VEC), and KV_AT,
-// its loaders k_at / v_at (one element) and k_at4 / v_at4 (4 aligned elements).
+// KV_VEC (K and V rows are 4-element aligned with unit stride: loaded a vec4 at a time).
+// Replaced in the source: KV_T, the K/V element type (f32, or f16 packed two per u32 word;
+// vec4<f32> / vec2<u32> under KV_VEC), KV_AT, its loaders k_at / v_at (one element) and
+// k_at4 / v_at4 (4 aligned elements), D4_LOOP / NK4_LOOP (loop bounds, see below), and the
+// generated blocks.
 // Scores are in the log2 domain: Q is pre-multiplied by scale * log2(e), so exp2 replaces exp.
 
 struct Params {
@@ -77,65 +83,105 @@ fn red_store(r: u32, c: u32, x: f32) {
     red_s[r * CT4 + c / 4u][c % 4u] = x;
 }
 
-// A K/V tile moves in two steps so that its global loads overlap other work: `fetch` issues
-// the loads into registers (LD vec4 per thread), `stash` writes them to kv_s after a barrier.
-// Rows k0 .. k0 + BK of K (is_v = false) or V; zeros past `hi` and in the columns D4 .. KW4
-// that the output threads' last vec4 column covers.
-fn fetch(t: u32, is_v: bool, bi: u32, hk: u32, k0: u32, hi: u32) -> array<vec4<f32>, LD> {
+// One vec4 slot `v` of a K (is_v = false) or V tile of rows k0 .. k0 + BK: global loads only
+// (the caller keeps it in a register and stashes it after a barrier, so loads overlap other
+// work). Zeros past `hi` and in the columns D4 .. KW4 that the output threads' last vec4 column
+// covers. Branch-free: out-of-range elements read element `off` (in bounds) and are zeroed
+// (llvmpipe's compile time grows fast with the branches between barriers).
+fn fetch(v: u32, is_v: bool, bi: u32, hk: u32, k0: u32, hi: u32) -> vec4<f32> {
     var st = p.ks;
     var off = p.k_off;
     if (is_v) {
         st = p.vs;
         off = p.v_off;
     }
-    var regs: array<vec4<f32>, LD>;
-    for (var it = 0u; it < LD; it++) {
-        let idx = t + it * NT;
-        let kr = idx / KW4;
-        let c4 = idx % KW4;
-        let j = k0 + kr;
-        // Branch-free: out-of-range elements read element `off` (in bounds) and are zeroed.
-        // (llvmpipe's compile time grows fast with the branches between barriers.)
-        let row_ok = idx < BK * KW4 && j < hi && c4 < D4;
-        let base = off + bi * st.x + hk * st.y + j * st.z;
-        if ((EXP & 4u) != 0u) {
-            regs[it] = vec4<f32>(f32(j));
-        } else if (KV_VEC) {
-            // Aligned rows with unit stride: one 16-byte (f32) or 8-byte (f16) load.
-            let at = select(off, base + c4 * 4u, row_ok);
-            var x: vec4<f32>;
-            if (is_v) {
-                x = v_at4(at);
-            } else {
-                x = k_at4(at);
-            }
-            regs[it] = select(vec4<f32>(0.0), x, row_ok);
+    let c4 = v % KW4;
+    let j = k0 + v / KW4;
+    let row_ok = v < BK * KW4 && j < hi && c4 < D4;
+    let base = off + bi * st.x + hk * st.y + j * st.z;
+    if (KV_VEC) {
+        let at = select(off, base + c4 * 4u, row_ok);
+        var x: vec4<f32>;
+        if (is_v) {
+            x = v_at4(at);
         } else {
-            var val: vec4<f32>;
-            for (var e = 0u; e < 4u; e++) {
-                let d = c4 * 4u + e;
-                let ok = row_ok && d < D;
-                let at = select(off, base + d * st.w, ok);
-                var x: f32;
-                if (is_v) {
-                    x = v_at(at);
-                } else {
-                    x = k_at(at);
-                }
-                val[e] = select(0.0, x, ok);
-            }
-            regs[it] = val;
+            x = k_at4(at);
         }
+        return select(vec4<f32>(0.0), x, row_ok);
     }
-    return regs;
+    let d = c4 * 4u;
+    return vec4<f32>(
+        kv_elem(is_v, off, base + d * st.w, row_ok && d < D),
+        kv_elem(is_v, off, base + (d + 1u) * st.w, row_ok && d + 1u < D),
+        kv_elem(is_v, off, base + (d + 2u) * st.w, row_ok && d + 2u < D),
+        kv_elem(is_v, off, base + (d + 3u) * st.w, row_ok && d + 3u < D),
+    );
 }
 
-fn stash(t: u32, regs: array<vec4<f32>, LD>) {
-    for (var it = 0u; it < LD; it++) {
-        let idx = t + it * NT;
-        if (idx < BK * KW4) {
-            kv_s[(idx / KW4) * KS4 + idx % KW4] = regs[it];
-        }
+fn kv_elem(is_v: bool, off: u32, at: u32, ok: bool) -> f32 {
+    let e = select(off, at, ok);
+    var x: f32;
+    if (is_v) {
+        x = v_at(e);
+    } else {
+        x = k_at(e);
+    }
+    return select(0.0, x, ok);
+}
+
+fn stash(v: u32, x: vec4<f32>) {
+    if (v < BK * KW4) {
+        kv_s[(v / KW4) * KS4 + v % KW4] = x;
+    }
+}
+
+// Exclusive end of the keys row `vr` (of the G * Tq row space) sees, within kv_hi.
+fn row_limit(vr: u32, kv_hi: u32) -> u32 {
+    if (p.causal == 0u) {
+        return kv_hi;
+    }
+    let l = i32(vr % p.tq) + i32(p.tk) - i32(p.tq) + 1;
+    return u32(clamp(l, 0, i32(kv_hi)));
+}
+
+// Row r's max over the CT partial maxes in red_s, and m.
+fn row_max(r: u32, m: f32) -> f32 {
+    var mx = vec4<f32>(m);
+    for (var c = 0u; c < CT4; c++) {
+        mx = max(mx, red_s[r * CT4 + c]);
+    }
+    return max(max(mx.x, mx.y), max(mx.z, mx.w));
+}
+
+// Row r's sum of the CT partial sums in red_s.
+fn row_sum(r: u32) -> f32 {
+    var t4 = vec4<f32>(0.0);
+    for (var c = 0u; c < CT4; c++) {
+        t4 += red_s[r * CT4 + c];
+    }
+    return (t4.x + t4.y) + (t4.z + t4.w);
+}
+
+// Stores s_s[r][key] (s_s as a [BQ][SS4 * 4] array of f32).
+fn p_store(r: u32, key: u32, x: f32) {
+    s_s[r * SS4 + key / 4u][key % 4u] = x;
+}
+
+// The first 4 * c4 .. output elements of a row that exist (D need not be a multiple of 4).
+fn emit(base: u32, c4: u32, o: vec4<f32>) {
+    if (c4 >= D4) {
+        return;
+    }
+    let d = c4 * 4u;
+    ob[base + d] = o.x;
+    if (d + 1u < D) {
+        ob[base + d + 1u] = o.y;
+    }
+    if (d + 2u < D) {
+        ob[base + d + 2u] = o.z;
+    }
+    if (d + 3u < D) {
+        ob[base + d + 3u] = o.w;
     }
 }
 
@@ -175,188 +221,86 @@ fn attention(
         kv_hi = u32(max(i32(kv_lo), min(lim, i32(kv_hi))));
     }
 
-    // Per owned row: the end (exclusive) of its visible keys.
-    var lim: array<u32, SR>;
-    for (var i = 0u; i < SR; i++) {
-        lim[i] = kv_hi;
-        if (p.causal != 0u) {
-            let pos = (row0 + tr + TR * i) % p.tq;
-            let l = i32(pos) + i32(p.tk) - i32(p.tq) + 1;
-            lim[i] = u32(clamp(l, 0, i32(kv_hi)));
-        }
-    }
-
     // Stage the block's queries, scaled (zeros for rows past the end and columns past D).
     for (var idx = t; idx < BQ * D4; idx += NT) {
         let r = idx / D4;
-        let c4 = idx % D4;
+        let d = (idx % D4) * 4u;
         let vr = row0 + r;
-        var val = vec4<f32>(0.0);
-        if (vr < p.rows) {
-            let h = hk * p.g + vr / p.tq;
-            let base = p.q_off + bi * p.qs.x + h * p.qs.y + (vr % p.tq) * p.qs.z;
-            for (var e = 0u; e < 4u; e++) {
-                let d = c4 * 4u + e;
-                if (d < D) {
-                    val[e] = qb[base + d * p.qs.w];
-                }
-            }
-        }
-        q_s[r * QS4 + c4] = val * p.scale;
+        let ok = vr < p.rows;
+        let h = hk * p.g + vr / p.tq;
+        let base = p.q_off + bi * p.qs.x + h * p.qs.y + (vr % p.tq) * p.qs.z;
+        let sw = p.qs.w;
+        let q4 = vec4<f32>(
+            select(0.0, qb[select(0u, base + d * sw, ok && d < D)], ok && d < D),
+            select(0.0, qb[select(0u, base + (d + 1u) * sw, ok && d + 1u < D)], ok && d + 1u < D),
+            select(0.0, qb[select(0u, base + (d + 2u) * sw, ok && d + 2u < D)], ok && d + 2u < D),
+            select(0.0, qb[select(0u, base + (d + 3u) * sw, ok && d + 3u < D)], ok && d + 3u < D),
+        );
+        q_s[r * QS4 + idx % D4] = q4 * p.scale;
     }
 
-    var m: array<f32, SR>;
-    var l: array<f32, SR>;
-    var alpha: array<f32, SR>;
-    var acc: array<vec4<f32>, SR * OC4>;
-    var s: array<f32, SR * SC>;
-    for (var i = 0u; i < SR; i++) {
-        m[i] = NEG;
-        l[i] = 0.0;
-    }
-    for (var x = 0u; x < SR * OC4; x++) {
-        acc[x] = vec4<f32>(0.0);
-    }
+    // Per owned row i: lim_i (end of its visible keys), m_i (running max), l_i (this thread's
+    // share of the running sum), al_i (rescale factor); scores sc_i_j and their vec4 partial
+    // sums sa_i_j; accumulators acc_i_c; staged K / V slots rk_s / rv_s.
+{{DECLS}}
 
     // Software pipeline: K of the next tile and V of this one are in flight while this tile's
     // scores and output are computed.
-    var kregs = fetch(t, false, bi, hk, kv_lo, kv_hi);
+{{FETCH_K_FIRST}}
     for (var k0 = kv_lo; k0 < kv_hi; k0 += BK) {
         // The previous tile's readers of kv_s / s_s are done (first pass: q_s is complete).
         workgroupBarrier();
-        stash(t, kregs);
-        let vregs = fetch(t, true, bi, hk, k0, kv_hi);
+{{STASH_K}}
+{{FETCH_V}}
         workgroupBarrier();
 
-        // S = Q K^T for the owned (row, key) pairs, accumulated as vec4 partial sums: 4
-        // independent FMA chains per score instead of one dependent dot() chain.
-        var s4: array<vec4<f32>, SR * SC>;
-        // D4_LOOP is D4, or on GL and software rasterizers p.d4 (the same value from the
-        // uniform) so that the compiler does not unroll the head dim: llvmpipe's compile time
-        // grows with it.
-        for (var d4 = 0u; d4 < select({{D4_LOOP}}, 0u, (EXP & 1u) != 0u); d4++) {
-            var qv: array<vec4<f32>, SR>;
-            for (var i = 0u; i < SR; i++) {
-                qv[i] = q_s[(tr + TR * i) * QS4 + d4];
-            }
-            for (var j = 0u; j < SC; j++) {
-                let kv = kv_s[(tc + CT * j) * KS4 + d4];
-                for (var i = 0u; i < SR; i++) {
-                    s4[i * SC + j] += qv[i] * kv;
-                }
-            }
-        }
-        for (var x = 0u; x < SR * SC; x++) {
-            s[x] = (s4[x].x + s4[x].y) + (s4[x].z + s4[x].w);
+        // S = Q K^T for the owned (row, key) pairs, as vec4 partial sums (independent FMA
+        // chains). D4_LOOP is D4, or on GL and software rasterizers p.d4 (the same value from
+        // the uniform) so that their compilers do not unroll the head dim: llvmpipe's compile
+        // time grows with it.
+{{ZERO_PARTIALS}}
+        for (var d4 = 0u; d4 < {{D4_LOOP}}; d4++) {
+{{SCORE_STEP}}
         }
         // Mask, and each thread's share of the row max.
-        for (var i = 0u; i < SR; i++) {
-            var mx = NEG;
-            for (var j = 0u; j < SC; j++) {
-                let key = k0 + tc + CT * j;
-                if (key >= lim[i]) {
-                    s[i * SC + j] = NEG;
-                }
-                mx = max(mx, s[i * SC + j]);
-            }
-            red_store(tr + TR * i, tc, mx);
-        }
+{{MASK}}
         workgroupBarrier();
 
         // K is consumed (scores are in registers): V takes its place, the next K is fetched.
-        stash(t, vregs);
-        kregs = fetch(t, false, bi, hk, k0 + BK, kv_hi);
+{{STASH_V}}
+{{FETCH_K_NEXT}}
         // Online softmax: new row max, rescale factor, probabilities of the owned keys.
-        for (var i = 0u; i < SR; i++) {
-            let r = tr + TR * i;
-            var mx4 = vec4<f32>(m[i]);
-            for (var c = 0u; c < CT4; c++) {
-                mx4 = max(mx4, red_s[r * CT4 + c]);
-            }
-            let mx = max(max(mx4.x, mx4.y), max(mx4.z, mx4.w));
-            alpha[i] = exp2(m[i] - mx);
-            m[i] = mx;
-            var sum = 0.0;
-            for (var j = 0u; j < SC; j++) {
-                let sv = s[i * SC + j];
-                let pj = select(0.0, exp2(sv - mx), sv > VALID);
-                sum += pj;
-                let key = tc + CT * j;
-                s_s[r * SS4 + key / 4u][key % 4u] = pj;
-            }
-            // l is this thread's partial sum over its keys; the CT partials of a row share m.
-            l[i] = l[i] * alpha[i] + sum;
-        }
+{{SOFTMAX}}
         workgroupBarrier();
 
-        // acc = alpha * acc + P V for the owned (row, column) pairs.
-        for (var i = 0u; i < SR; i++) {
-            for (var c = 0u; c < OC4; c++) {
-                acc[i * OC4 + c] *= alpha[i];
-            }
-        }
-        // Four keys per step; a runtime bound (the tile's real keys, rounded up to 4: past them
-        // P is 0 and V is 0) skips the padding of a partial tile.
-        let nk4 = select((min(BK, kv_hi - k0) + 3u) / 4u, 0u, (EXP & 2u) != 0u);
-        for (var k4 = 0u; k4 < nk4; k4++) {
-            var pv: array<vec4<f32>, SR>;
-            for (var i = 0u; i < SR; i++) {
-                pv[i] = s_s[(tr + TR * i) * SS4 + k4];
-            }
-            for (var e = 0u; e < 4u; e++) {
-                let kk = k4 * 4u + e;
-                for (var c = 0u; c < OC4; c++) {
-                    // Columns past D4 read the tile's zero padding (no branch in the hot loop).
-                    let vv = kv_s[kk * KS4 + tc + CT * c];
-                    for (var i = 0u; i < SR; i++) {
-                        acc[i * OC4 + c] += pv[i][e] * vv;
-                    }
-                }
-            }
+        // acc = alpha * acc + P V, four keys per step. NK4_LOOP: BK / 4, or on GL and software
+        // rasterizers the tile's real keys rounded up to 4 (past them P and V are 0).
+        let nk4 = (min(BK, kv_hi - k0) + 3u) / 4u;
+{{RESCALE}}
+        for (var k4 = 0u; k4 < {{NK4_LOOP}}; k4++) {
+{{PV_STEP}}
         }
     }
 
-    // Row sums: add up the CT partials of each row.
+    // Row sums: add up the CT partials of each row; write the rows (or this split's partials).
     workgroupBarrier();
-    for (var i = 0u; i < SR; i++) {
-        red_store(tr + TR * i, tc, l[i]);
-    }
+{{L_STORE}}
     workgroupBarrier();
-    for (var i = 0u; i < SR; i++) {
-        let r = tr + TR * i;
-        let vr = row0 + r;
-        if (vr >= p.rows) {
-            continue;
-        }
-        var t4 = vec4<f32>(0.0);
-        for (var c = 0u; c < CT4; c++) {
-            t4 += red_s[r * CT4 + c];
-        }
-        let total = t4.x + t4.y + t4.z + t4.w;
-        // (b * Hkv + hk) * G * Tq + vr == (b * Hq + h) * Tq + i: the output row.
-        let orow = bh * p.rows + vr;
-        var base = orow * D;
-        var norm = select(0.0, 1.0 / total, total > 0.0);
-        if (p.n_splits > 1u) {
-            base = (orow * p.n_splits + split) * (D + 2u);
-            if (tc == 0u) {
-                ob[base] = m[i];
-                ob[base + 1u] = total;
-            }
-            base += 2u;
-            norm = 1.0;
-        }
-        for (var c = 0u; c < OC4; c++) {
-            let c4 = tc + CT * c;
-            if (c4 < D4) {
-                let o = acc[i * OC4 + c] * norm;
-                for (var e = 0u; e < 4u; e++) {
-                    let d = c4 * 4u + e;
-                    if (d < D) {
-                        ob[base + d] = o[e];
-                    }
-                }
-            }
-        }
+{{OUTPUT}}
+}
+
+// One output row: normalised, or (n_splits > 1) this split's m, l and unnormalised acc.
+// Returns the row's element base and the factor to apply to its accumulators.
+fn out_row(vr: u32, bh: u32, split: u32, m: f32, total: f32, first: bool) -> vec2<u32> {
+    // (b * Hkv + hk) * G * Tq + vr == (b * Hq + h) * Tq + i: the output row.
+    let orow = bh * p.rows + vr;
+    if (p.n_splits == 1u) {
+        return vec2<u32>(orow * D, bitcast<u32>(select(0.0, 1.0 / total, total > 0.0)));
     }
+    let base = (orow * p.n_splits + split) * (D + 2u);
+    if (first) {
+        ob[base] = m;
+        ob[base + 1u] = total;
+    }
+    return vec2<u32>(base + 2u, bitcast<u32>(1.0));
 }

@@ -15,6 +15,8 @@
 //! fill the GPU, as in decode.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::prelude::*;
 
@@ -85,10 +87,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
     }
     let (hq, hkv) = (qd[1], kd[1]);
     if hkv == 0 || hq % hkv != 0 {
-        return Err(Error::shape(
-            OP,
-            format!("{hq} query heads are not a multiple of {hkv} kv heads: {}", shapes()),
-        ));
+        return Err(Error::shape(OP, format!("{hq} query heads are not a multiple of {hkv} kv heads: {}", shapes())));
     }
     if q.dtype() != DType::F32 {
         return Err(Error::mismatch(OP, format!("q must be f32, got {}", q.dtype())));
@@ -123,11 +122,7 @@ impl<'a> View<'a> {
             Some(_) => {
                 // f16: widen once into a contiguous copy.
                 let d = t.dims();
-                Ok(View {
-                    data: Cow::Owned(t.to_vec_f32()?),
-                    off: 0,
-                    st: [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1],
-                })
+                Ok(View { data: Cow::Owned(t.to_vec_f32()?), off: 0, st: [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1] })
             }
             None => Err(Error::mismatch(OP, "tensor is not on the CPU")),
         }
@@ -184,7 +179,8 @@ pub fn cpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
 // ---- GPU ----------------------------------------------------------------------------------
 
 /// Tile shape of attention.wgsl: BQ query rows and BK keys per step, NT = TR x CT threads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionTiles {
     pub bq: u32,
     pub bk: u32,
@@ -213,9 +209,9 @@ impl AttentionTiles {
             && self.bk > 0
             && self.tr > 0
             && self.ct > 0
-            && self.bq % self.tr == 0
-            && self.bk % self.ct == 0
-            && self.ct % 4 == 0
+            && self.bq.is_multiple_of(self.tr)
+            && self.bk.is_multiple_of(self.ct)
+            && self.ct.is_multiple_of(4)
             && self.tr <= self.bq
     }
     fn fits(&self, ctx: &GpuContext, d: usize, smem_budget: u64) -> bool {
@@ -243,7 +239,6 @@ pub struct AttentionTuning {
     /// Number of key splits (1 = no split).
     pub splits: Option<usize>,
     pub tiles: Option<AttentionTiles>,
-    pub experiment: u32,
 }
 
 /// Workgroup memory the GL backend's tiles aim at (see `pick_tiles`).
@@ -284,7 +279,8 @@ fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles>
         t(1, 4, 1, 4),
     ]);
     // Over the GL budget, the smallest shape the device takes.
-    let pick = cands.iter().find(|c| c.fits(ctx, d, budget)).or_else(|| cands.iter().rev().find(|c| c.fits(ctx, d, u64::MAX)));
+    let pick =
+        cands.iter().find(|c| c.fits(ctx, d, budget)).or_else(|| cands.iter().rev().find(|c| c.fits(ctx, d, u64::MAX)));
     pick.copied().ok_or_else(|| {
         Error::Unsupported(format!(
             "{OP}: head dim {d} needs more workgroup memory than this device's {} bytes",
@@ -293,9 +289,155 @@ fn pick_tiles(ctx: &GpuContext, rows: usize, d: usize) -> Result<AttentionTiles>
     })
 }
 
+type Blocks = Arc<Vec<(&'static str, String)>>;
+
+/// `unrolled_blocks`, generated once per tile shape (decode calls are short: no need to
+/// rebuild some KiB of WGSL text each time).
+fn unrolled_blocks_cached(t: AttentionTiles, oc4: u32, ld: u32) -> Blocks {
+    type Cache = Mutex<HashMap<(AttentionTiles, u32, u32), Blocks>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry((t, oc4, ld)).or_insert_with(|| Arc::new(unrolled_blocks(&t, oc4, ld))).clone()
+}
+
+/// The per-thread code of attention.wgsl, unrolled with literal indices (see the WGSL header:
+/// private arrays indexed by loop counters end up in local memory on some drivers). `oc4`:
+/// vec4 output columns per thread; `ld`: vec4 slots of a K/V tile per thread.
+fn unrolled_blocks(t: &AttentionTiles, oc4: u32, ld: u32) -> Vec<(&'static str, String)> {
+    use std::fmt::Write;
+    let (sr, sc, tr, ct, nt) = (t.bq / t.tr, t.bk / t.ct, t.tr, t.ct, t.nt());
+    let rows = || 0..sr;
+    let mut b: Vec<(&'static str, String)> = Vec::new();
+    let mut block = |name: &'static str, indent: usize, f: &mut dyn FnMut(&mut String)| {
+        let mut text = String::new();
+        f(&mut text);
+        let pad = " ".repeat(indent);
+        let text = text.lines().map(|l| format!("{pad}{l}\n")).collect::<String>();
+        b.push((name, text.trim_end().to_string()));
+    };
+    // `writeln!` into a String cannot fail.
+    macro_rules! w {
+        ($s:expr, $($arg:tt)*) => { let _ = writeln!($s, $($arg)*); };
+    }
+    block("DECLS", 4, &mut |s| {
+        for i in rows() {
+            w!(s, "let lim_{i} = row_limit(row0 + tr + {}u, kv_hi);", tr * i);
+            w!(s, "var m_{i} = NEG;\nvar l_{i} = 0.0;\nvar al_{i} = 0.0;");
+            for j in 0..sc {
+                w!(s, "var sa_{i}_{j}: vec4<f32>;\nvar sc_{i}_{j}: f32;");
+            }
+            for c in 0..oc4 {
+                w!(s, "var acc_{i}_{c} = vec4<f32>(0.0);");
+            }
+        }
+        for x in 0..ld {
+            w!(s, "var rk_{x}: vec4<f32>;\nvar rv_{x}: vec4<f32>;");
+        }
+    });
+    let fetch = |s: &mut String, reg: &str, is_v: bool, k0: &str| {
+        for x in 0..ld {
+            w!(s, "{reg}_{x} = fetch(t + {}u, {is_v}, bi, hk, {k0}, kv_hi);", x * nt);
+        }
+    };
+    block("FETCH_K_FIRST", 4, &mut |s| fetch(s, "rk", false, "kv_lo"));
+    block("FETCH_V", 8, &mut |s| fetch(s, "rv", true, "k0"));
+    block("FETCH_K_NEXT", 8, &mut |s| fetch(s, "rk", false, "k0 + BK"));
+    let stash = |s: &mut String, reg: &str| {
+        for x in 0..ld {
+            w!(s, "stash(t + {}u, {reg}_{x});", x * nt);
+        }
+    };
+    block("STASH_K", 8, &mut |s| stash(s, "rk"));
+    block("STASH_V", 8, &mut |s| stash(s, "rv"));
+    block("ZERO_PARTIALS", 8, &mut |s| {
+        for i in rows() {
+            for j in 0..sc {
+                w!(s, "sa_{i}_{j} = vec4<f32>(0.0);");
+            }
+        }
+    });
+    block("SCORE_STEP", 12, &mut |s| {
+        for i in rows() {
+            w!(s, "let q_{i} = q_s[(tr + {}u) * QS4 + d4];", tr * i);
+        }
+        for j in 0..sc {
+            w!(s, "let k_{j} = kv_s[(tc + {}u) * KS4 + d4];", ct * j);
+        }
+        for i in rows() {
+            for j in 0..sc {
+                w!(s, "sa_{i}_{j} = fma(q_{i}, k_{j}, sa_{i}_{j});");
+            }
+        }
+    });
+    block("MASK", 8, &mut |s| {
+        for i in rows() {
+            w!(s, "{{\n    var mx = NEG;");
+            for j in 0..sc {
+                w!(s, "    let a_{j} = sa_{i}_{j};\n    let dot_{j} = (a_{j}.x + a_{j}.y) + (a_{j}.z + a_{j}.w);");
+                w!(s, "    sc_{i}_{j} = select(dot_{j}, NEG, k0 + tc + {}u >= lim_{i});", ct * j);
+                w!(s, "    mx = max(mx, sc_{i}_{j});");
+            }
+            w!(s, "    red_store(tr + {}u, tc, mx);\n}}", tr * i);
+        }
+    });
+    block("SOFTMAX", 8, &mut |s| {
+        for i in rows() {
+            w!(s, "{{\n    let mx = row_max(tr + {}u, m_{i});", tr * i);
+            w!(s, "    al_{i} = exp2(m_{i} - mx);\n    m_{i} = mx;\n    var sum = 0.0;");
+            for j in 0..sc {
+                w!(s, "    let p_{j} = select(0.0, exp2(sc_{i}_{j} - mx), sc_{i}_{j} > VALID);");
+                w!(s, "    p_store(tr + {}u, tc + {}u, p_{j});\n    sum += p_{j};", tr * i, ct * j);
+            }
+            // l is this thread's partial sum over its keys; the CT partials of a row share m.
+            w!(s, "    l_{i} = l_{i} * al_{i} + sum;\n}}");
+        }
+    });
+    block("RESCALE", 8, &mut |s| {
+        for i in rows() {
+            for c in 0..oc4 {
+                w!(s, "acc_{i}_{c} *= al_{i};");
+            }
+        }
+    });
+    block("PV_STEP", 12, &mut |s| {
+        for i in rows() {
+            w!(s, "let pb_{i} = s_s[(tr + {}u) * SS4 + k4];", tr * i);
+        }
+        for (e, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            for c in 0..oc4 {
+                // Columns past D4 read the tile's zero padding (no branch in the hot loop).
+                w!(s, "let v_{e}_{c} = kv_s[(k4 * 4u + {e}u) * KS4 + tc + {}u];", ct * c);
+                for i in rows() {
+                    w!(s, "acc_{i}_{c} = fma(vec4<f32>(pb_{i}.{comp}), v_{e}_{c}, acc_{i}_{c});");
+                }
+            }
+        }
+    });
+    block("L_STORE", 4, &mut |s| {
+        for i in rows() {
+            w!(s, "red_store(tr + {}u, tc, l_{i});", tr * i);
+        }
+    });
+    block("OUTPUT", 4, &mut |s| {
+        for i in rows() {
+            let r = format!("tr + {}u", tr * i);
+            w!(s, "if (row0 + {r} < p.rows) {{");
+            w!(s, "    let o_{i} = out_row(row0 + {r}, bh, split, m_{i}, row_sum({r}), tc == 0u);");
+            w!(s, "    let f_{i} = bitcast<f32>(o_{i}.y);");
+            for c in 0..oc4 {
+                w!(s, "    emit(o_{i}.x, tc + {}u, acc_{i}_{c} * f_{i});", ct * c);
+            }
+            w!(s, "}}");
+        }
+    });
+    b
+}
+
 /// The K/V binding type and its loaders (`k_at`/`v_at`: one element; `k_at4`/`v_at4`: the 4
 /// elements from an index that is a multiple of 4, only called when `vec`). f16 elements are
-/// packed two per u32 word; with `vec`, f32 is read as vec4<f32> and f16 as vec2<u32>.
+/// packed two per u32 word (`half_at` / `halves4` in attention.wgsl unpack them); with `vec`,
+/// f32 is read as vec4<f32> and f16 as vec2<u32>.
 fn kv_loaders(f16: bool, vec: bool) -> (&'static str, &'static str) {
     match (f16, vec) {
         (false, false) => (
@@ -314,21 +456,79 @@ fn kv_loaders(f16: bool, vec: bool) -> (&'static str, &'static str) {
         ),
         (true, false) => (
             "u32",
-            "fn half_at(w: u32, e: u32) -> f32 { let h = unpack2x16float(w); return select(h.x, h.y, (e & 1u) != 0u); }
-             fn k_at(e: u32) -> f32 { return half_at(kb[e >> 1u], e); }
+            "fn k_at(e: u32) -> f32 { return half_at(kb[e >> 1u], e); }
              fn v_at(e: u32) -> f32 { return half_at(vb[e >> 1u], e); }
              fn k_at4(e: u32) -> vec4<f32> { return vec4<f32>(k_at(e), k_at(e + 1u), k_at(e + 2u), k_at(e + 3u)); }
              fn v_at4(e: u32) -> vec4<f32> { return vec4<f32>(v_at(e), v_at(e + 1u), v_at(e + 2u), v_at(e + 3u)); }",
         ),
         (true, true) => (
             "vec2<u32>",
-            "fn half_at(w: u32, e: u32) -> f32 { let h = unpack2x16float(w); return select(h.x, h.y, (e & 1u) != 0u); }
-             fn k_at(e: u32) -> f32 { return half_at(kb[e >> 2u][(e >> 1u) & 1u], e); }
+            "fn k_at(e: u32) -> f32 { return half_at(kb[e >> 2u][(e >> 1u) & 1u], e); }
              fn v_at(e: u32) -> f32 { return half_at(vb[e >> 2u][(e >> 1u) & 1u], e); }
-             fn k_at4(e: u32) -> vec4<f32> { let w = kb[e >> 2u]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
-             fn v_at4(e: u32) -> vec4<f32> { let w = vb[e >> 2u]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }",
+             fn k_at4(e: u32) -> vec4<f32> { return halves4(kb[e >> 2u]); }
+             fn v_at4(e: u32) -> vec4<f32> { return halves4(vb[e >> 2u]); }",
         ),
     }
+}
+
+/// The attention kernel specialised for head dim, tiles, K/V dtype and alignment.
+fn attention_pipeline(
+    ctx: &GpuContext,
+    s: &Dims,
+    tiles: AttentionTiles,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let u = |x: usize| to_u32(OP, x);
+    let ts = tiles.strides(s.d);
+    let kv_f16 = k.dtype() == DType::F16;
+    // Rows of K and V that start on a 4-element boundary with unit stride load a vec4 at a time.
+    let aligned = |t: &Tensor| {
+        let l = t.layout();
+        l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|x| x.is_multiple_of(4))
+    };
+    let kv_vec = s.d.is_multiple_of(4) && aligned(k) && aligned(v);
+    let ld = (tiles.bk as u64 * ts.kw4).div_ceil(tiles.nt() as u64) as u32;
+    let spec = KernelSpec::new(
+        format!(
+            "attention_d{}_{}x{}_{}x{}{}{}",
+            s.d,
+            tiles.bq,
+            tiles.bk,
+            tiles.tr,
+            tiles.ct,
+            if kv_f16 { "_f16kv" } else { "" },
+            if kv_vec { "_vec" } else { "" }
+        ),
+        include_str!("attention.wgsl"),
+        "attention",
+    )
+    .constant_u32("D", u(s.d)?)
+    .constant_u32("D4", ts.d4 as u32)
+    .constant_u32("BQ", tiles.bq)
+    .constant_u32("BK", tiles.bk)
+    .constant_u32("TR", tiles.tr)
+    .constant_u32("CT", tiles.ct)
+    .constant_u32("NT", tiles.nt())
+    .constant_u32("KW4", ts.kw4 as u32)
+    .constant_u32("QS4", ts.qs4 as u32)
+    .constant_u32("KS4", ts.ks4 as u32)
+    .constant_u32("SS4", ts.ss4 as u32)
+    .constant_u32("CT4", tiles.ct / 4)
+    .with(&format!("const KV_VEC: bool = {kv_vec};"));
+    let (kv_t, kv_at) = kv_loaders(kv_f16, kv_vec);
+    // Unrolling the head dim helps real GPUs; on GL and software rasterizers it costs compile
+    // time (llvmpipe: seconds per kernel variant).
+    let slow_compiler = ctx.info.backend == "gl" || ctx.info.software;
+    let blocks = unrolled_blocks_cached(tiles, (ts.kw4 / tiles.ct as u64) as u32, ld);
+    let mut repl: Vec<(&str, &str)> = vec![
+        ("KV_T", kv_t),
+        ("KV_AT", kv_at),
+        ("D4_LOOP", if slow_compiler { "p.d4" } else { "D4" }),
+        ("NK4_LOOP", if slow_compiler { "nk4" } else { "BK / 4u" }),
+    ];
+    repl.extend(blocks.iter().map(|(k, v)| (*k, v.as_str())));
+    ctx.pipeline(&spec, &repl)
 }
 
 #[repr(C)]
@@ -437,52 +637,7 @@ pub fn gpu_attention_tuned(
         vs: st(v)?,
     };
 
-    let ts = tiles.strides(s.d);
-    let kv_f16 = k.dtype() == DType::F16;
-    // Rows of K and V that start on a 4-element boundary with unit stride load a vec4 at a time.
-    let aligned = |t: &Tensor| {
-        let l = t.layout();
-        l.strides[3] == 1 && l.offset % 4 == 0 && l.strides[..3].iter().all(|x| x % 4 == 0)
-    };
-    let kv_vec = s.d % 4 == 0 && aligned(k) && aligned(v);
-    let ld = (tiles.bk as u64 * ts.kw4).div_ceil(tiles.nt() as u64) as u32;
-    let spec = KernelSpec::new(
-        format!(
-            "attention_d{}_{}x{}_{}x{}{}{}",
-            s.d,
-            tiles.bq,
-            tiles.bk,
-            tiles.tr,
-            tiles.ct,
-            if kv_f16 { "_f16kv" } else { "" },
-            if kv_vec { "_vec" } else { "" }
-        ),
-        include_str!("attention.wgsl"),
-        "attention",
-    )
-    .constant_u32("D", u(s.d)?)
-    .constant_u32("D4", ts.d4 as u32)
-    .constant_u32("BQ", tiles.bq)
-    .constant_u32("BK", tiles.bk)
-    .constant_u32("TR", tiles.tr)
-    .constant_u32("CT", tiles.ct)
-    .constant_u32("NT", tiles.nt())
-    .constant_u32("SR", tiles.bq / tiles.tr)
-    .constant_u32("SC", tiles.bk / tiles.ct)
-    .constant_u32("OC4", (ts.kw4 / tiles.ct as u64) as u32)
-    .constant_u32("KW4", ts.kw4 as u32)
-    .constant_u32("QS4", ts.qs4 as u32)
-    .constant_u32("KS4", ts.ks4 as u32)
-    .constant_u32("SS4", ts.ss4 as u32)
-    .constant_u32("CT4", tiles.ct / 4)
-    .constant_u32("LD", ld)
-    .constant_u32("EXP", tuning.experiment)
-    .with(&format!("const KV_VEC: bool = {kv_vec};"));
-    let (kv_t, kv_at) = kv_loaders(kv_f16, kv_vec);
-    // Unrolling the head dim helps real GPUs; on GL and software rasterizers it costs compile
-    // time (llvmpipe: seconds per kernel variant).
-    let d4_loop = if ctx.info.backend == "gl" || ctx.info.software { "p.d4" } else { "D4" };
-    let pipeline = ctx.pipeline(&spec, &[("KV_T", kv_t), ("KV_AT", kv_at), ("D4_LOOP", d4_loop)])?;
+    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v)?;
     let n_wg = u(splits * base_wgs)?;
     let (bq, bk_, bv) = (buf(q)?, buf(k)?, buf(v)?);
 

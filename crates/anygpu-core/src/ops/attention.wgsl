@@ -11,30 +11,30 @@
 // With n_splits = 1 the kernel writes the normalised output; otherwise it writes, per row and
 // split, (m, l, unnormalised acc[D]) and attention_combine.wgsl merges the splits.
 //
-// Threads: NT = TR * CT. Thread (tr, tc) owns rows tr + TR * i (i < SR), and
-//   - for the scores, keys tc + CT * j (j < SC) of the tile;
-//   - for the output, vec4 columns tc + CT * c (c < OC4) of D.
+// Threads: NT = TR * CT. Thread (tr, tc) owns rows tr + TR * i (i < SR = BQ / TR), and
+//   - for the scores, keys tc + CT * j (j < SC = BK / CT) of the tile;
+//   - for the output, vec4 columns tc + CT * c (c < OC4 = KW4 / CT) of D.
 // Scores live in registers; their row max is reduced through red_s, probabilities go through
 // s_s to the threads that own the output columns.
 //
-// The per-thread state (row max / sum / lim, scores, accumulators, staged K/V slots) is a set
-// of named variables, and the code touching it is unrolled by attention.rs into the {{...}}
-// blocks below: drivers keep private arrays in registers only when every index is a literal
-// (NVIDIA's Vulkan compiler otherwise puts them in local memory, ~10x slower here).
+// The per-thread state (row max / sum / limit, scores, accumulators, staged K/V slots) is a
+// set of named variables, and the code touching it is unrolled by attention.rs into the
+// generated blocks (DECLS, SCORE_STEP, PV_STEP, ...): drivers keep private arrays in registers
+// only when every index is a literal (NVIDIA's Vulkan compiler otherwise puts them in local
+// memory; this kernel ran 7x slower that way on an H100).
 //
 // Every workgroup array is of vec4: wgpu's GL backend zero-fills workgroup memory with one
 // store per element from a single invocation, which llvmpipe compiles slowly (per-lane
 // branches): vec4 elements make four times fewer stores. It also gives 16-byte reads of P.
 //
 // Specialisation (header): D, D4 = ceil(D / 4), BQ, BK (a multiple of 4), TR, CT (a multiple
-// of 4), NT, SR, SC, OC4, KW4 = OC4 * CT (vec4 columns of a K/V tile row, zero past D4), QS4 and
-// KS4 (row strides in vec4 of the Q and K/V tiles: odd, so rows fall in different banks), SS4
-// (row stride of s_s in vec4: BK / 4 + 2, staggering rows across banks), CT4 = CT / 4,
-// KV_VEC (K and V rows are 4-element aligned with unit stride: loaded a vec4 at a time).
-// Replaced in the source: KV_T, the K/V element type (f32, or f16 packed two per u32 word;
-// vec4<f32> / vec2<u32> under KV_VEC), KV_AT, its loaders k_at / v_at (one element) and
-// k_at4 / v_at4 (4 aligned elements), D4_LOOP / NK4_LOOP (loop bounds, see below), and the
-// generated blocks.
+// of 4), NT, KW4 (vec4 columns of a K/V tile row: OC4 * CT >= D4, zero past D4), QS4 and KS4
+// (row strides in vec4 of the Q and K/V tiles: odd, so rows fall in different banks), SS4 (row
+// stride of s_s in vec4: BK / 4 + 2, staggering rows across banks), CT4 = CT / 4, KV_VEC (K and
+// V rows are 4-element aligned with unit stride: loaded a vec4 at a time). Replaced in the
+// source: KV_T, the K/V element type (f32, or f16 packed two per u32 word; vec4<f32> /
+// vec2<u32> under KV_VEC), KV_AT, its loaders k_at / v_at (one element) and k_at4 / v_at4 (4
+// aligned elements), D4_LOOP / NK4_LOOP (loop bounds, see below), and the generated blocks.
 // Scores are in the log2 domain: Q is pre-multiplied by scale * log2(e), so exp2 replaces exp.
 
 struct Params {
@@ -67,6 +67,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> ob: array<f32>;
 
 {{KV_AT}}
+
+// f16 element `e` (its parity picks the half) of a word of two, and 4 halves of two words.
+fn half_at(w: u32, e: u32) -> f32 {
+    let h = unpack2x16float(w);
+    return select(h.x, h.y, (e & 1u) != 0u);
+}
+
+fn halves4(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
 
 // Masked scores are set to NEG (finite: WGSL does not promise IEEE infinities); any score
 // above VALID is a real one.

@@ -16,7 +16,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(256)
-fn attention_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn attention_combine(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
     let idx = gid.x + gid.y * nwg.x * 256u;
     if (idx >= p.n) {
         return;

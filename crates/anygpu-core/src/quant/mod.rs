@@ -14,6 +14,6 @@ mod types;
 
 pub use dequant::{dequantize, dequantize_to_vec};
 pub use matvec::{matmul, matvec};
-pub use quantize::quantize_into;
 pub use qtensor::{QStorage, QTensor, SharedBytes};
+pub use quantize::quantize_into;
 pub use types::GgmlType;

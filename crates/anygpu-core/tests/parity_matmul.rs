@@ -77,7 +77,9 @@ fn operands(v: View, m: usize, k: usize, n: usize, da: DType, db: DType, d: &Dev
         View::TransA => (t(3, &[k, m], da, d).transpose(0, 1)?, t(4, &[k, n], db, d)),
         View::TransB => (t(5, &[m, k], da, d), t(6, &[n, k], db, d).transpose(0, 1)?),
         View::TransBoth => (t(7, &[k, m], da, d).transpose(0, 1)?, t(8, &[n, k], db, d).transpose(0, 1)?),
-        View::Offset => (t(9, &[m, k + 3], da, d).narrow(1, 1, k)?, t(10, &[k + 1, n + 2], db, d).narrow(0, 1, k)?.narrow(1, 2, n)?),
+        View::Offset => {
+            (t(9, &[m, k + 3], da, d).narrow(1, 1, k)?, t(10, &[k + 1, n + 2], db, d).narrow(0, 1, k)?.narrow(1, 2, n)?)
+        }
     })
 }
 

@@ -516,22 +516,28 @@ fn elem(d: DType, native_f16: bool) -> Elem {
 fn input_wgsl(name: &str, binding: u32, e: Elem) -> String {
     let decl = |ty: &str| format!("@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\n");
     match e {
-        Elem::F32 => decl("vec4<f32>")
-            + &format!(
-                "fn ld_{name}4(i: u32) -> vec4<f32> {{ return {name}[i >> 2u]; }}\n\
+        Elem::F32 => {
+            decl("vec4<f32>")
+                + &format!(
+                    "fn ld_{name}4(i: u32) -> vec4<f32> {{ return {name}[i >> 2u]; }}\n\
                  fn ld_{name}(i: u32) -> f32 {{ return {name}[i >> 2u][i & 3u]; }}\n"
-            ),
-        Elem::F16Packed => decl("vec2<u32>")
-            + &format!(
-                "fn ld_{name}4(i: u32) -> vec4<f32> {{\n    let w = {name}[i >> 2u];\n    \
+                )
+        }
+        Elem::F16Packed => {
+            decl("vec2<u32>")
+                + &format!(
+                    "fn ld_{name}4(i: u32) -> vec4<f32> {{\n    let w = {name}[i >> 2u];\n    \
                  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}}\n\
                  fn ld_{name}(i: u32) -> f32 {{ return unpack2x16float({name}[i >> 2u][(i >> 1u) & 1u])[i & 1u]; }}\n"
-            ),
-        Elem::F16Native => decl("vec4<f16>")
-            + &format!(
-                "fn ld_{name}4(i: u32) -> vec4<f32> {{ return vec4<f32>({name}[i >> 2u]); }}\n\
+                )
+        }
+        Elem::F16Native => {
+            decl("vec4<f16>")
+                + &format!(
+                    "fn ld_{name}4(i: u32) -> vec4<f32> {{ return vec4<f32>({name}[i >> 2u]); }}\n\
                  fn ld_{name}(i: u32) -> f32 {{ return f32({name}[i >> 2u][i & 3u]); }}\n"
-            ),
+                )
+        }
     }
 }
 
@@ -540,30 +546,40 @@ fn input_wgsl(name: &str, binding: u32, e: Elem) -> String {
 fn output_wgsl(e: Elem, vec_out: bool) -> String {
     let decl = |ty: &str| format!("@group(0) @binding(4) var<storage, read_write> c: array<{ty}>;\n");
     match (e, vec_out) {
-        (Elem::F32, true) => decl("vec4<f32>")
-            + "fn st_c4(i: u32, v: vec4<f32>) { c[i >> 2u] = v; }\n\
-               fn st_c(i: u32, v: f32) { c[i >> 2u][i & 3u] = v; }\n",
-        (Elem::F32, false) => decl("f32")
-            + "fn st_c4(i: u32, v: vec4<f32>) { c[i] = v.x; c[i + 1u] = v.y; c[i + 2u] = v.z; c[i + 3u] = v.w; }\n\
-               fn st_c(i: u32, v: f32) { c[i] = v; }\n",
+        (Elem::F32, true) => {
+            decl("vec4<f32>")
+                + "fn st_c4(i: u32, v: vec4<f32>) { c[i >> 2u] = v; }\n\
+               fn st_c(i: u32, v: f32) { c[i >> 2u][i & 3u] = v; }\n"
+        }
+        (Elem::F32, false) => {
+            decl("f32")
+                + "fn st_c4(i: u32, v: vec4<f32>) { c[i] = v.x; c[i + 1u] = v.y; c[i + 2u] = v.z; c[i + 3u] = v.w; }\n\
+               fn st_c(i: u32, v: f32) { c[i] = v; }\n"
+        }
         // Two outputs share a word: when N is odd they may belong to different invocations, so
         // a lone half is merged in atomically (each side only clears and sets its own bits).
-        (Elem::F16Packed, _) => decl("atomic<u32>")
-            + "fn st_c4(i: u32, v: vec4<f32>) {\n    \
+        (Elem::F16Packed, _) => {
+            decl("atomic<u32>")
+                + "fn st_c4(i: u32, v: vec4<f32>) {\n    \
                  atomicStore(&c[i >> 1u], pack2x16float(v.xy));\n    \
                  atomicStore(&c[(i >> 1u) + 1u], pack2x16float(v.zw));\n}\n\
                fn st_c(i: u32, v: f32) {\n    \
                  let shift = (i & 1u) * 16u;\n    \
                  let bits = (pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu) << shift;\n    \
                  atomicAnd(&c[i >> 1u], ~(0xffffu << shift));\n    \
-                 atomicOr(&c[i >> 1u], bits);\n}\n",
-        (Elem::F16Native, true) => decl("vec4<f16>")
-            + "fn st_c4(i: u32, v: vec4<f32>) { c[i >> 2u] = vec4<f16>(v); }\n\
-               fn st_c(i: u32, v: f32) { c[i >> 2u][i & 3u] = f16(v); }\n",
-        (Elem::F16Native, false) => decl("f16")
-            + "fn st_c4(i: u32, v: vec4<f32>) {\n    \
+                 atomicOr(&c[i >> 1u], bits);\n}\n"
+        }
+        (Elem::F16Native, true) => {
+            decl("vec4<f16>")
+                + "fn st_c4(i: u32, v: vec4<f32>) { c[i >> 2u] = vec4<f16>(v); }\n\
+               fn st_c(i: u32, v: f32) { c[i >> 2u][i & 3u] = f16(v); }\n"
+        }
+        (Elem::F16Native, false) => {
+            decl("f16")
+                + "fn st_c4(i: u32, v: vec4<f32>) {\n    \
                  c[i] = f16(v.x); c[i + 1u] = f16(v.y); c[i + 2u] = f16(v.z); c[i + 3u] = f16(v.w);\n}\n\
-               fn st_c(i: u32, v: f32) { c[i] = f16(v); }\n",
+               fn st_c(i: u32, v: f32) { c[i] = f16(v); }\n"
+        }
     }
 }
 
@@ -574,7 +590,10 @@ fn bind16(t: &Tensor) -> Result<Bind<'_>> {
     let g = buf(t)?;
     let len = g.len.max(16).next_multiple_of(16);
     if len > g.buffer().size() {
-        return Err(Error::gpu("matmul", format!("buffer of {} bytes is smaller than its binding {len}", g.buffer().size())));
+        return Err(Error::gpu(
+            "matmul",
+            format!("buffer of {} bytes is smaller than its binding {len}", g.buffer().size()),
+        ));
     }
     Ok(Bind::Slice(g.buffer(), 0, len))
 }
@@ -705,9 +724,13 @@ fn dispatch_blocked(
         vec_out: p.n % 4 == 0,
     };
     let (spec, io) = kernel.kernel();
-    if std::env::var("MM_DEBUG").is_ok() { eprintln!("compiling {} {:?} {:?}", spec.name, spec.header, kernel.bias); }
+    if std::env::var("MM_DEBUG").is_ok() {
+        eprintln!("compiling {} {:?} {:?}", spec.name, spec.header, kernel.bias);
+    }
     let pipeline = ctx.pipeline(&spec, &[("IO", &io)])?;
-    if std::env::var("MM_DEBUG").is_ok() { eprintln!("compiled"); }
+    if std::env::var("MM_DEBUG").is_ok() {
+        eprintln!("compiled");
+    }
     let (tiles_m, tiles_n) = (p.m.div_ceil(128), p.n.div_ceil(128));
     let mut params = BlockedParams {
         m: u(p.m)?,

@@ -8,8 +8,10 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use anygpu_core::quant::gpu::{gather_rows_opts, qmatmul_opts, QKernel, QOptions, MATVEC_MAX_N};
-use anygpu_core::quant::{dequantize_to_vec, GgmlType, QTensor};
+use anygpu_core::quant::gpu::{
+    gather_rows_opts, qmatmul_opts, QKernel, QOptions, MATVEC_MAX_N, NORM_PROLOGUE_MAX_COLS,
+};
+use anygpu_core::quant::{dequantize_to_vec, GgmlType, QTensor, RmsNorm};
 use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec};
 use anygpu_core::{Device, Result, Tensor};
 use half::{bf16, f16};
@@ -247,6 +249,77 @@ fn row_sliced_bindings_match() {
             }
         }
     }
+}
+
+/// The fused products (quant/fused.rs): row stacks, `qmatmul_add` (residual epilogue),
+/// `qmatmul_glu` (SwiGLU epilogue) and the RMSNorm prologue (`qmatmul_rms`, `qmatmul_glu_rms`), on the fused matvec path (n <= MATVEC_MAX_N), the unfused
+/// path (n = 17) and, for GLU, a binding limit that forces the unfused path; against the CPU's
+/// composition of plain products. Odd row counts; Q4_0 with 18-byte blocks stacks at offsets
+/// that are not multiples of 4 when a part has an odd number of blocks.
+#[test]
+fn fused_products_match_composition() {
+    let _turn = one_at_a_time();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
+        let cols = if ty.block_size() == 256 { 256 } else { 32 * 3 };
+        let (f, rq, rk) = (13usize, 9usize, 5usize);
+        let wg = random_weights(51, ty, f, cols);
+        let wu = random_weights(52, ty, f, cols);
+        let (bq, bk) = (random_weights(53, ty, rq, cols), random_weights(54, ty, rk, cols));
+        let atol = 4.0 * atol_for(ty, &wg, f, cols).max(atol_for(ty, &wu, f, cols)) + 1e-5;
+        parity(&format!("fused {ty}"), atol, 1e-4, |d| {
+            let q = |b: &Vec<u8>, r| QTensor::from_vec(ty, r, cols, b.clone(), d);
+            let gate_up = QTensor::concat_rows(&[&q(&wg, f)?, &q(&wu, f)?])?;
+            let qk = QTensor::concat_rows(&[&q(&bq, rq)?, &q(&bk, rk)?])?;
+            assert_eq!((gate_up.rows(), qk.rows()), (2 * f, rq + rk));
+            let mut all = Vec::new();
+            for n in [1usize, 3, 17] {
+                let x = upload_x(60 + n as u64, n, cols, d)?;
+                let resid = upload_x(70 + n as u64, n, rq + rk, d)?;
+                let g = Tensor::from_vec(rand_vec(80, cols), [cols], &Device::Cpu)?.to_device(d)?;
+                let norm = RmsNorm { weight: &g, eps: 1e-5 };
+                all.extend(qk.qmatmul(&x)?.to_vec_f32()?);
+                all.extend(qk.qmatmul_add(&x, &resid)?.to_vec_f32()?);
+                all.extend(gate_up.qmatmul_glu(&x)?.to_vec_f32()?);
+                all.extend(qk.qmatmul_rms(&x, norm)?.to_vec_f32()?);
+                all.extend(gate_up.qmatmul_glu_rms(&x, norm)?.to_vec_f32()?);
+                if !d.is_cpu() {
+                    // GLU over two bindings: the unfused path on the GPU.
+                    let limit = 256 + (3 * gate_up.row_bytes()).max(4 * cols.max(2 * f)) as u64;
+                    let opts = QOptions { max_binding: Some(limit), ..Default::default() };
+                    all.extend(gate_up.qmatmul_glu_opts(&x, None, opts)?.to_vec_f32()?);
+                } else {
+                    all.extend(gate_up.qmatmul_glu(&x)?.to_vec_f32()?);
+                }
+            }
+            Ok(all)
+        });
+    }
+    // Rows wider than NORM_PROLOGUE_MAX_COLS: the norm runs on its own, the GLU stays fused.
+    let cols = NORM_PROLOGUE_MAX_COLS + 64;
+    let (wg, wu) = (random_weights(55, GgmlType::Q8_0, 5, cols), random_weights(56, GgmlType::Q8_0, 5, cols));
+    let atol = 4.0 * atol_for(GgmlType::Q8_0, &wg, 5, cols).max(atol_for(GgmlType::Q8_0, &wu, 5, cols));
+    parity("fused wide rows", atol, 1e-4, |d| {
+        let q = |b: &Vec<u8>| QTensor::from_vec(GgmlType::Q8_0, 5, cols, b.clone(), d);
+        let gate_up = QTensor::concat_rows(&[&q(&wg)?, &q(&wu)?])?;
+        let g = Tensor::from_vec(rand_vec(81, cols), [cols], &Device::Cpu)?.to_device(d)?;
+        let x = upload_x(82, 2, cols, d)?;
+        let mut all = gate_up.qmatmul_glu_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?;
+        all.extend(q(&wg)?.qmatmul_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?);
+        Ok(all)
+    });
+    parity_err("qmatmul_add wrong residual", "does not match", |d| {
+        let w = QTensor::from_vec(GgmlType::Q8_0, 7, 64, random_weights(6, GgmlType::Q8_0, 7, 64), d)?;
+        w.qmatmul_add(&upload_x(1, 2, 64, d)?, &upload_x(2, 2, 6, d)?)
+    });
+    parity_err("qmatmul_glu odd rows", "even row count", |d| {
+        QTensor::from_vec(GgmlType::Q8_0, 7, 64, random_weights(6, GgmlType::Q8_0, 7, 64), d)?
+            .qmatmul_glu(&upload_x(1, 1, 64, d)?)
+    });
+    parity_err("concat_rows mixed types", "cannot stack", |d| {
+        let a = QTensor::from_vec(GgmlType::Q8_0, 2, 64, random_weights(7, GgmlType::Q8_0, 2, 64), d)?;
+        let b = QTensor::from_vec(GgmlType::Q4_0, 2, 64, random_weights(8, GgmlType::Q4_0, 2, 64), d)?;
+        QTensor::concat_rows(&[&a, &b])
+    });
 }
 
 /// Per call of `f` (after warm-up), in µs: the host time recording `iters` calls, and the GPU

@@ -3,6 +3,7 @@
 //! independent f64 reference for the CPU implementation itself.
 
 use anygpu_core::ops::rope::RopeOpts;
+use anygpu_core::ops::rope_kv::rope_qkv_store;
 use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec};
 use anygpu_core::{Device, Tensor};
 
@@ -178,5 +179,57 @@ fn rope_rejects_bad_input() {
     parity_err("rope f16", "expected f32", |d| {
         let h: Vec<half::f16> = vec![half::f16::ZERO; 16];
         Tensor::from_slice(&h, [1, 2, 8], d)?.rope(0, &RopeOpts::default())
+    });
+}
+
+/// Rope of stacked Q|K|V with the KV-cache store in one op (`rope_qkv_store`, one dispatch on a
+/// GPU) against its CPU composition (rope of views + write_at): Q and both whole caches, odd
+/// head counts and head dims, partial rotary dims, both layouts, frequency factors, several
+/// tokens at a start position, and a cache view starting mid-buffer.
+#[test]
+fn rope_qkv_store_matches_composition() {
+    let cases: [(usize, usize, usize, usize, usize, bool, bool); 5] = [
+        // (T, H, Hkv, D, rotary_dim, neox, freq_factors)
+        (1, 3, 1, 8, 0, false, false),
+        (3, 4, 2, 6, 4, true, false),
+        (2, 5, 5, 10, 0, true, true),
+        (1, 9, 3, 64, 0, false, false),
+        (4, 2, 1, 7 + 1, 6, false, true),
+    ];
+    for (t, h, hkv, d, rd, neox, ff) in cases {
+        let rot = if rd == 0 { d } else { rd };
+        let opts = RopeOpts {
+            base: 10000.0,
+            neox,
+            rotary_dim: rd,
+            freq_scale: 0.5,
+            freq_factors: ff.then(|| (0..rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect()),
+        };
+        let cap = 13;
+        let heads = h + 2 * hkv;
+        parity(&format!("rope_qkv_store T{t} H{h} Hkv{hkv} D{d} rd{rd} neox{neox} ff{ff}"), 1e-5, 1e-5, |dev| {
+            let y = Tensor::from_vec(rand_vec(7, t * heads * d), [t, heads, d], &Device::Cpu)?.to_device(dev)?;
+            // The caches are views one head into a larger buffer: layout offsets are honoured.
+            let big = |seed| -> anygpu_core::Result<Tensor> {
+                Tensor::from_vec(rand_vec(seed, (hkv + 1) * cap * d), [hkv + 1, cap, d], &Device::Cpu)?
+                    .to_device(dev)?
+                    .narrow(0, 1, hkv)
+            };
+            let (mut kc, mut vc) = (big(8)?, big(9)?);
+            let q = rope_qkv_store(&y, h, 5, &opts, &mut kc, &mut vc)?;
+            assert_eq!(q.dims(), &[t, h, d]);
+            let mut all = q.to_vec_f32()?;
+            all.extend(kc.to_vec_f32()?);
+            all.extend(vc.to_vec_f32()?);
+            Ok(all)
+        });
+    }
+    parity_err("rope_qkv_store past the cache", "exceed the cache", |dev| {
+        let y = Tensor::zeros([2, 5, 4], anygpu_core::DType::F32, dev)?;
+        let (mut kc, mut vc) = (
+            Tensor::zeros([1, 4, 4], anygpu_core::DType::F32, dev)?,
+            Tensor::zeros([1, 4, 4], anygpu_core::DType::F32, dev)?,
+        );
+        rope_qkv_store(&y, 3, 3, &RopeOpts::default(), &mut kc, &mut vc)
     });
 }

@@ -41,7 +41,8 @@ impl SamplingParams {
     pub fn greedy() -> Self {
         SamplingParams { temperature: 0.0, ..Default::default() }
     }
-    /// Checks ranges, with messages naming the flag.
+    /// Checks ranges, with messages naming the flag (negated comparisons so that NaN fails).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0) {
             return Err(format!("--temp must be >= 0, got {}", self.temperature));

@@ -87,7 +87,7 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Ve
 /// Writes the model to `out`, tensor by tensor (never all in memory).
 pub fn write_synthetic(spec: &SyntheticSpec, vocab_from: &GgufFile, out: impl Write) -> Result<()> {
     let s = spec;
-    if s.n_embd % s.n_head != 0 || s.n_head % s.n_head_kv != 0 {
+    if !s.n_embd.is_multiple_of(s.n_head) || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(Error::shape("synthetic model", "heads must divide the width and the kv heads the heads"));
     }
     let n_vocab = vocab_from.get_string_array("tokenizer.ggml.tokens")?.len();

@@ -47,6 +47,10 @@ fn devices() -> Vec<Device> {
     std::iter::once(Device::Cpu).chain(gpu_devices().iter().take(2).cloned()).collect()
 }
 
+/// A top-two logit margin above which llama.cpp's choice must be ours: above the top-5 gap
+/// differences measured with 8-bit activations (0.70), where such a margin cannot flip.
+const CLEAR_WINNER: f32 = 0.75;
+
 #[test]
 fn logits_match_llama_cpp_along_its_greedy_continuations() {
     let (file, _) = open();
@@ -77,16 +81,19 @@ fn logits_match_llama_cpp_along_its_greedy_continuations() {
                 for &(id, want) in top.iter().filter(|(_, l)| *l > best - 3.0) {
                     worst = worst.max(((row[id] - row[best_id]) - (want - best)).abs());
                 }
-                // Where llama.cpp has a clear winner, it is ours too.
-                if top.len() > 1 && top[0].1 - top[1].1 > 0.6 {
+                // Where llama.cpp has a clear winner (a margin above the gap differences we
+                // measure, see below), it is ours too.
+                if top.len() > 1 && top[0].1 - top[1].1 > CLEAR_WINNER {
                     let ours = anygpu_models::sampling::argmax(row).expect("argmax");
                     assert_eq!(ours, top[0].0, "{} on {} step {step}: argmax differs", item["prompt_text"], dev.name());
                 }
             }
-            // llama.cpp's CPU path quantizes activations to 8 bits (Q8_1) for Q4_1 dot products;
-            // we keep them in f32, so gaps differ: mostly < 0.5, single outliers up to 1.17 seen
-            // on the flatter chat distributions, with no growth along the sequence. The clear-
-            // winner check above and the perplexity test bound the model's accuracy more tightly.
+            // Our activations are not llama.cpp's bit for bit (its CPU path rounds them to 8-bit
+            // blocks and keeps the KV cache in f16; our CPU backend rounds to 8 bits too but
+            // keeps f32 elsewhere, our GPU kernels keep f32 throughout), so gaps differ: mostly
+            // < 0.5, single outliers up to 1.17 (f32 activations) / 0.70 (8-bit) on the flatter
+            // chat distributions, with no growth along the sequence. The clear-winner check
+            // above and the perplexity test bound the model's accuracy more tightly.
             assert!(
                 worst < 1.3,
                 "{} on {}: worst top-5 log-prob gap difference {worst}",
@@ -103,11 +110,11 @@ fn logits_match_llama_cpp_along_its_greedy_continuations() {
 }
 
 /// Greedy generation follows llama.cpp's token for token, except where llama.cpp's own top two
-/// logits are within `TIE` of each other (its 8-bit activations can flip such near-ties): from
-/// the first such divergence on, the continuations legitimately differ.
+/// logits are within `TIE` of each other (activations rounded differently can flip such
+/// near-ties): from the first such divergence on, the continuations legitimately differ.
 #[test]
 fn greedy_generation_matches_llama_cpp() {
-    const TIE: f32 = 0.6;
+    const TIE: f32 = CLEAR_WINNER;
     let (file, tok) = open();
     let refs = fixture("generate.json");
     for dev in devices() {
@@ -160,6 +167,46 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         let rel = (p.perplexity - want).abs() / want;
         eprintln!("perplexity on {}: {:.4} (llama.cpp {want:.4}, {:.3}%)", dev.name(), p.perplexity, rel * 100.0);
         assert!(rel < 0.01, "perplexity on {}: {} vs llama.cpp {want}", dev.name(), p.perplexity);
+    }
+}
+
+/// The decode step replayed from its recording (GPU) gives the logits of the per-op path, at
+/// positions past the ones it was recorded at, after a prefill, and after the cache is cleared;
+/// on a cache too short to record it falls back to the per-op path.
+#[test]
+fn replayed_decode_matches_per_op_decode() {
+    let (file, _) = open();
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    for dev in gpu_devices().iter().take(2) {
+        let model = Llama::load(&file, dev, &mut |_, _| {}).expect("load");
+        for round in 0..2 {
+            // 320 positions: past 8 key tiles the attention splits the keys (and combines).
+            let cap = if round == 0 { 64 } else { 320 };
+            let mut replayed = model.new_cache(cap).expect("cache");
+            let mut per_op = model.new_cache(cap).expect("cache");
+            let len = if round == 0 { 0 } else { prompt.len() };
+            if len > 0 {
+                model.forward(&prompt, &mut replayed, false).expect("prefill");
+                model.forward(&prompt, &mut per_op, false).expect("prefill");
+            }
+            let mut id = 42u32;
+            for step in 0..4 {
+                let a = model.decode(id, &mut replayed).expect("replayed step");
+                let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+                let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(diff <= 1e-4, "step {step} after {len} tokens on {}: max logit difference {diff}", dev.name());
+                id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
+            }
+            assert!(replayed.decode_stats().is_some_and(|s| s.steps == 4), "the replay ran on {}", dev.name());
+            assert_eq!(replayed.len(), len + 4);
+            replayed.clear();
+            let a = model.decode(7, &mut replayed).expect("after clear");
+            let b = model.forward(&[7], &mut model.new_cache(64).expect("cache"), false).unwrap().to_vec_f32().unwrap();
+            assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4), "after clear on {}", dev.name());
+        }
+        let mut tiny = model.new_cache(2).expect("cache");
+        model.decode(1, &mut tiny).expect("a 2-position cache decodes op by op");
+        assert!(tiny.decode_stats().is_none());
     }
 }
 

@@ -64,12 +64,37 @@ fn pp(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
 fn tg(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
     let mut cache = model.new_cache(n + 1)?;
     let mut id = tokens(1, model.config.n_vocab, seed)[0];
+    // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
+    model.prepare_decode(&mut cache);
     let t0 = Instant::now();
     for _ in 0..n {
-        let logits = model.forward(&[id], &mut cache, false)?.to_vec_f32()?;
+        let logits = model.decode(id, &mut cache)?;
         id = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
     }
-    Ok(n as f64 / t0.elapsed().as_secs_f64())
+    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    if std::env::var("ANYGPU_PROFILE_DECODE").is_ok_and(|v| v == "1") {
+        if let Some(ops) = cache.profile_decode()? {
+            let total: f64 = ops.iter().map(|o| o.2).sum();
+            eprintln!("anygpu: decode step GPU time by op (one pass per dispatch, {:.3} ms in all):", total * 1e3);
+            for (op, count, s) in ops {
+                eprintln!("  {op:<40} {count:>4} dispatches {:>9.1} µs {:>5.1}%", s * 1e6, 100.0 * s / total);
+            }
+        }
+    }
+    if let Some(s) = cache.decode_stats().filter(|s| s.steps > 0) {
+        let ms = |v: f64| v * 1e3 / s.steps as f64;
+        eprintln!(
+            "anygpu: decode step replayed: {} dispatches; per token {:.3} ms in all: encoded by {:.3}, submitted by {:.3}, \
+             GPU done by {:.3} ms; GPU pass {:.3} ms",
+            s.dispatches,
+            ms(s.total_s),
+            ms(s.encode_s),
+            ms(s.submitted_s),
+            ms(s.waited_s),
+            ms(s.gpu_s)
+        );
+    }
+    Ok(rate)
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
@@ -107,6 +132,19 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
             tokens_per_s: m,
             stddev: sd,
         });
+    }
+    if let Some((bytes, reserved)) = lm.model.device().gpu().and_then(|g| g.memory_use()) {
+        let file = std::fs::metadata(&args.model.model).map(|m| m.len()).unwrap_or(0);
+        let c = &lm.model.config;
+        let kv = 2 * c.n_layer * c.n_head_kv * c.head_dim * 4 * margs.ctx_size.unwrap_or(1);
+        eprintln!(
+            "anygpu: GPU memory allocated: {} MiB in {} MiB of blocks (file {} MiB, a {}-position KV cache {} MiB; pooled buffers included)",
+            bytes >> 20,
+            reserved >> 20,
+            file >> 20,
+            margs.ctx_size.unwrap_or(1),
+            kv >> 20
+        );
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

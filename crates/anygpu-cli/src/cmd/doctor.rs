@@ -112,7 +112,7 @@ fn check_device(row: &DeviceInfo, opened: anygpu_core::Result<Device>) -> Device
         error: None,
         matmul_size,
         matmul_gflops: None,
-        copy_mib: copy_elems * 4 >> 20,
+        copy_mib: (copy_elems * 4) >> 20,
         copy_gbps: None,
     };
     let dev = match opened {

@@ -90,8 +90,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         let _ = writeln!(stdout);
     }
     let t = &g.timings;
+    let recorded =
+        if t.record_ms > 0.05 { format!(" (decode step recorded in {:.1} ms)", t.record_ms) } else { String::new() };
     eprintln!(
-        "anygpu: prefill {} tokens in {:.1} ms ({:.1} tok/s), decode {} tokens in {:.1} ms ({:.1} tok/s), stop: {:?}",
+        "anygpu: prefill {} tokens in {:.1} ms ({:.1} tok/s), decode {} tokens in {:.1} ms ({:.1} tok/s){recorded}, stop: {:?}",
         t.prompt_tokens,
         t.prefill_ms,
         t.prefill_tokens_per_s,

@@ -2,10 +2,13 @@
 //! and a pending command encoder into which dispatches are batched until the host needs a
 //! result (read-back or `sync`).
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::kernel::{KernelSpec, PipelineCache, PipelineKey};
 use super::pool::{size_class, BufferPool, STORAGE_USAGE};
+use super::replay::{Recorded, Recording};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
 use crate::error::{Error, Result};
 
@@ -25,10 +28,15 @@ pub struct GpuContext {
     error: Arc<Mutex<Option<String>>>,
     /// Set once the device is lost; every later call fails with it.
     lost: Arc<Mutex<Option<String>>>,
+    /// True while [`GpuContext::record`] runs (on some thread; see `recording_here`).
+    recording: AtomicBool,
+    /// Held for the whole of a recording: threads that record on one device take turns.
+    record_turn: Mutex<()>,
+    recorded_drops: Mutex<Vec<wgpu::Buffer>>,
 }
 
 #[derive(Default)]
-struct Pending {
+pub(super) struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     /// Commands recorded into `encoder` (dispatches and copies).
     commands: usize,
@@ -41,10 +49,18 @@ struct Pending {
     /// command (a copy, a timestamp) needs the encoder: on an H100 a pass per dispatch cost
     /// ~60 us of GPU time each, a dispatch inside a pass ~5 us.
     pass: Option<wgpu::ComputePass<'static>>,
+    /// Set while a thread records (see [`GpuContext::record`]).
+    recording: Option<Recording>,
+}
+
+thread_local! {
+    /// The context this thread is recording on (its address), if any. Recording is per
+    /// thread: another thread's work on the same device runs as usual meanwhile.
+    static RECORDING_ON: Cell<usize> = const { Cell::new(0) };
 }
 
 /// The pending state, locked (and, on GL, the process-wide GL lock taken before it).
-struct PendingGuard<'a> {
+pub(super) struct PendingGuard<'a> {
     pending: std::sync::MutexGuard<'a, Pending>,
     _gl: Option<std::sync::MutexGuard<'static, ()>>,
 }
@@ -94,6 +110,14 @@ impl GpuBuffer {
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
         if let Some(b) = self.buffer.take() {
+            // Freed by the recording thread while it records: a recorded dispatch may bind it,
+            // so it is parked with the recording instead of going back to the pool.
+            if self.ctx.recording.load(Ordering::Acquire) && self.ctx.recording_here() {
+                if let Ok(mut parked) = self.ctx.recorded_drops.lock() {
+                    parked.push(b);
+                    return;
+                }
+            }
             self.ctx.pool.give_back(b);
         }
     }
@@ -181,6 +205,9 @@ impl GpuContext {
             pending: Mutex::new(Pending::default()),
             error,
             lost,
+            recording: AtomicBool::new(false),
+            record_turn: Mutex::new(()),
+            recorded_drops: Mutex::new(Vec::new()),
         })
     }
 
@@ -228,6 +255,13 @@ impl GpuContext {
         Ok(p)
     }
 
+    /// Device memory of this device's live allocations (every buffer, pooled ones included)
+    /// and the memory blocks reserved to hold them, in bytes, where the backend reports it
+    /// (Vulkan, DX12).
+    pub fn memory_use(&self) -> Option<(u64, u64)> {
+        self.device.generate_allocator_report().map(|r| (r.total_allocated_bytes, r.total_reserved_bytes))
+    }
+
     pub fn pipelines_compiled(&self) -> usize {
         self.pipelines.len()
     }
@@ -273,6 +307,18 @@ impl GpuContext {
     /// buffer that pending work still reads is never overwritten early.
     pub fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<GpuBuffer> {
         let buf = self.alloc(bytes.len() as u64)?;
+        {
+            let mut pending = self.lock("upload")?;
+            if let Some(rec) = pending.recording.as_mut().filter(|_| self.recording_here()) {
+                // A fresh buffer no recorded work has touched: writing it now is in order with
+                // every replay. The bytes are noted so that recordings can be compared.
+                rec.note_upload(bytes);
+                let mut v = bytes.to_vec();
+                v.resize(bytes.len().next_multiple_of(4), 0);
+                self.queue.write_buffer(buf.buffer(), 0, &v);
+                return Ok(buf);
+            }
+        }
         self.write(&buf, 0, bytes)?;
         Ok(buf)
     }
@@ -284,6 +330,9 @@ impl GpuContext {
         }
         let padded_len = (bytes.len() as u64).next_multiple_of(4);
         let mut pending = self.lock("write")?;
+        if self.recording_here() {
+            return Err(Error::gpu("write", "a host write into a GPU buffer cannot be recorded for replay"));
+        }
         if pending.commands == 0 {
             // Nothing recorded yet: the queue's own staging is ordered correctly.
             if padded_len == bytes.len() as u64 {
@@ -301,6 +350,26 @@ impl GpuContext {
         }
         drop(pending);
         self.check("upload")
+    }
+
+    /// Copies `len` bytes (a multiple of 4) from `src` at `src_off` to `dst` at `dst_off`, in
+    /// order with the recorded work.
+    pub fn copy_buffer(&self, src: &GpuBuffer, src_off: u64, dst: &GpuBuffer, dst_off: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if !len.is_multiple_of(4) || !src_off.is_multiple_of(4) || !dst_off.is_multiple_of(4) {
+            return Err(Error::gpu("copy", "buffer copies must be 4-byte aligned"));
+        }
+        let mut pending = self.lock("copy")?;
+        if self.recording_here() {
+            return Err(Error::gpu("copy", "a buffer copy cannot be recorded for replay"));
+        }
+        let enc = self.encoder_for_commands(&mut pending);
+        enc.copy_buffer_to_buffer(src.buffer(), src_off, dst.buffer(), dst_off, len);
+        pending.commands += 1;
+        drop(pending);
+        self.check("copy")
     }
 
     /// A new buffer holding `bytes`, zero-padded to a multiple of `align`, written through a
@@ -345,7 +414,25 @@ impl GpuContext {
                 format!("dispatch of {workgroups:?} workgroups exceeds the device's {max} per dimension"),
             ));
         }
+        let max_binding = self.caps.max_storage_buffer_binding_size;
+        for b in binds {
+            let size = match b {
+                Bind::Whole(g) => g.len,
+                Bind::Slice(_, _, s) => *s,
+            };
+            if size > max_binding {
+                return Err(Error::Unsupported(format!(
+                    "{op}: a binding of {} MiB exceeds this device's max_storage_buffer_binding_size of {} MiB",
+                    size >> 20,
+                    max_binding >> 20
+                )));
+            }
+        }
         let mut pending = self.lock(op)?;
+        if let Some(rec) = pending.recording.as_mut().filter(|_| self.recording_here()) {
+            rec.dispatches.push(Recorded::new(pipeline, op, params, binds, workgroups));
+            return Ok(());
+        }
         let slot = if params.is_empty() { None } else { Some(self.params_slot(&mut pending, params)?) };
         let mut entries = Vec::with_capacity(binds.len() + 1);
         if let (Some((offset, size)), Some(buf)) = (slot, pending.params.as_ref()) {
@@ -358,7 +445,6 @@ impl GpuContext {
                 }),
             });
         }
-        let max_binding = self.caps.max_storage_buffer_binding_size;
         for (i, b) in binds.iter().enumerate() {
             let resource = match b {
                 Bind::Whole(g) => g.binding(),
@@ -368,17 +454,6 @@ impl GpuContext {
                     size: wgpu::BufferSize::new((*size).max(4).next_multiple_of(4)),
                 }),
             };
-            let size = match b {
-                Bind::Whole(g) => g.len,
-                Bind::Slice(_, _, s) => *s,
-            };
-            if size > max_binding {
-                return Err(Error::Unsupported(format!(
-                    "{op}: a binding of {} MiB exceeds this device's max_storage_buffer_binding_size of {} MiB",
-                    size >> 20,
-                    max_binding >> 20
-                )));
-            }
             entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -413,6 +488,7 @@ impl GpuContext {
     /// Submits the pending encoder, if any (does not wait).
     pub fn submit(&self) -> Result<()> {
         let mut pending = self.lock("submit")?;
+        self.not_recording("submit")?;
         self.submit_locked(&mut pending);
         drop(pending);
         self.check("submit")
@@ -420,7 +496,7 @@ impl GpuContext {
 
     /// Submits under the state lock: a `queue.write_buffer` from another thread in between
     /// would otherwise land before this encoder's commands.
-    fn submit_locked(&self, pending: &mut Pending) {
+    pub(super) fn submit_locked(&self, pending: &mut Pending) {
         if let Some(buf) = pending.params.take() {
             // Staged by the queue before the command buffer below runs.
             self.queue.write_buffer(&buf, 0, &pending.params_data);
@@ -477,7 +553,7 @@ impl GpuContext {
     /// work must stay ordered, and wgpu's GL backend panics when a thread waits more than a
     /// second for its context. Devices on GL share one EGL context per process, so GL devices
     /// also take a process-wide lock.
-    fn lock(&self, op: &str) -> Result<PendingGuard<'_>> {
+    pub(super) fn lock(&self, op: &str) -> Result<PendingGuard<'_>> {
         static GL_LOCK: Mutex<()> = Mutex::new(());
         let gl = if self.info.backend == "gl" {
             Some(GL_LOCK.lock().map_err(|_| Error::gpu(op, "GL state poisoned by an earlier panic"))?)
@@ -488,9 +564,57 @@ impl GpuContext {
         Ok(PendingGuard { pending, _gl: gl })
     }
 
+    /// Whether this thread is recording on this context.
+    fn recording_here(&self) -> bool {
+        RECORDING_ON.with(|r| r.get() == self as *const GpuContext as usize)
+    }
+
+    /// Fails when this thread is recording: `op` needs the GPU to run now.
+    pub(super) fn not_recording(&self, op: &str) -> Result<()> {
+        if self.recording_here() {
+            return Err(Error::gpu(op, "the GPU cannot wait or read back while work is being recorded for replay"));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with dispatches recorded instead of executed (see [`super::replay`]); returns
+    /// its result and the recording. Work recorded before is submitted first. Every buffer a
+    /// recorded dispatch binds stays alive in the recording; `f` may upload into new buffers
+    /// but not write into existing ones, wait, or read back.
+    pub fn record<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Recording)> {
+        if self.recording_here() {
+            return Err(Error::gpu("record", "a recording cannot start inside another"));
+        }
+        // Another thread's recording finishes first (it takes milliseconds).
+        let _turn = self.record_turn.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut pending = self.lock("record")?;
+            if pending.recording.is_some() {
+                return Err(Error::gpu("record", "another thread is recording on this device"));
+            }
+            self.submit_locked(&mut pending);
+            pending.recording = Some(Recording::default());
+            RECORDING_ON.with(|r| r.set(self as *const GpuContext as usize));
+            self.recording.store(true, Ordering::Release);
+        }
+        let out = f();
+        let mut rec = {
+            let mut pending = self.lock("record")?;
+            RECORDING_ON.with(|r| r.set(0));
+            self.recording.store(false, Ordering::Release);
+            pending.recording.take().unwrap_or_default()
+        };
+        if let Ok(mut parked) = self.recorded_drops.lock() {
+            rec.keep.append(&mut parked);
+        }
+        self.check("record")?;
+        Ok((out?, rec))
+    }
+
     /// Submits pending work and waits for the device to finish it.
     pub fn sync(&self) -> Result<()> {
         let mut pending = self.lock("sync")?;
+        self.not_recording("sync")?;
         self.submit_locked(&mut pending);
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu("sync", e.to_string()))?;
         drop(pending);
@@ -535,6 +659,7 @@ impl GpuContext {
     /// An empty compute pass that writes timestamp `index` of `set` when the GPU reaches it.
     fn mark_timestamp(&self, set: &wgpu::QuerySet, index: u32) -> Result<()> {
         let mut pending = self.lock("timing")?;
+        self.not_recording("timing")?;
         let enc = self.encoder_for_commands(&mut pending);
         drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("timestamp"),
@@ -559,6 +684,7 @@ impl GpuContext {
         // The whole read holds the state lock: on GL even mapping and unmapping the staging
         // buffer take the context, and another thread must not wait on it for long.
         let mut pending = self.lock("read")?;
+        self.not_recording("read")?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: copy_len,

@@ -3,6 +3,8 @@
 mod context;
 pub mod kernel;
 pub mod pool;
+pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};
 pub use kernel::KernelSpec;
+pub use replay::{Recording, Replay, ReplayTimes};

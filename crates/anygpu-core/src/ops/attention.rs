@@ -133,47 +133,136 @@ impl<'a> View<'a> {
     }
 }
 
-/// Reference: scores, max-subtracted softmax, weighted sum; one row (b, h, i) per rayon task.
+/// Reference: scores, max-subtracted softmax, weighted sum, one query row (b, h, i) at a time;
+/// rows go to rayon tasks when there is enough work to pay for the hand-off (a decode step's
+/// few heads over a short context run on the calling thread). Rows whose D elements are
+/// contiguous (the usual case: views of a KV cache, permuted queries) take slice loops the
+/// compiler vectorises; other strides take the indexed loop.
 pub fn cpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
     let s = check(q, k, v)?;
     let (qv, kv, vv) = (View::of(q)?, View::of(k)?, View::of(v)?);
     let (qd, kd, vd) = (&*qv.data, &*kv.data, &*vv.data);
     let g = s.hq / s.hkv;
-    let mut out = vec![0f32; s.b * s.hq * s.tq * s.d];
-    if s.d > 0 {
-        out.par_chunks_mut(s.d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (row, o)| {
-            let i = row % s.tq;
-            let h = (row / s.tq) % s.hq;
-            let b = row / (s.tq * s.hq);
-            let n = s.visible(i, opts.causal);
-            if n == 0 {
-                return;
-            }
-            let (q0, qs) = qv.row(b, h, i);
-            scores.clear();
-            for j in 0..n {
-                let (k0, ks) = kv.row(b, h / g, j);
-                let dot: f32 = (0..s.d).map(|x| qd[q0 + x * qs] * kd[k0 + x * ks]).sum();
-                scores.push(dot * opts.scale);
-            }
-            let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in scores.iter_mut() {
-                *x = (*x - mx).exp();
-                sum += *x;
-            }
-            for (j, &pj) in scores.iter().enumerate() {
-                let (v0, vs) = vv.row(b, h / g, j);
+    let d = s.d;
+    let mut out = vec![0f32; s.b * s.hq * s.tq * d];
+    let fma = has_avx2_fma();
+    let row = |scores: &mut Vec<f32>, (row, o): (usize, &mut [f32])| {
+        let i = row % s.tq;
+        let h = (row / s.tq) % s.hq;
+        let b = row / (s.tq * s.hq);
+        let n = s.visible(i, opts.causal);
+        if n == 0 {
+            return;
+        }
+        let (q0, qs) = qv.row(b, h, i);
+        scores.clear();
+        for j in 0..n {
+            let (k0, ks) = kv.row(b, h / g, j);
+            let dot = if qs == 1 && ks == 1 {
+                dot_f32(&qd[q0..q0 + d], &kd[k0..k0 + d], fma)
+            } else {
+                (0..d).map(|x| qd[q0 + x * qs] * kd[k0 + x * ks]).sum()
+            };
+            scores.push(dot * opts.scale);
+        }
+        let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in scores.iter_mut() {
+            *x = (*x - mx).exp();
+            sum += *x;
+        }
+        for (j, &pj) in scores.iter().enumerate() {
+            let (v0, vs) = vv.row(b, h / g, j);
+            if vs == 1 {
+                axpy_f32(pj, &vd[v0..v0 + d], o, fma);
+            } else {
                 for (x, ox) in o.iter_mut().enumerate() {
                     *ox += pj * vd[v0 + x * vs];
                 }
             }
-            for ox in o.iter_mut() {
-                *ox /= sum;
-            }
-        });
+        }
+        for ox in o.iter_mut() {
+            *ox /= sum;
+        }
+    };
+    if d > 0 {
+        // Multiply-adds of the scores and the weighted sum (an upper bound under a causal
+        // mask). A rayon hand-off from outside the pool costs tens of microseconds on a loaded
+        // 2-core machine, as much as ~1M of them: a decode step's 9 heads over a few hundred
+        // positions stay on the calling thread.
+        let work = (s.b * s.hq * s.tq * d).saturating_mul(s.tk).saturating_mul(2);
+        if work < 1 << 20 {
+            let mut scores = Vec::with_capacity(s.tk);
+            out.chunks_mut(d).enumerate().for_each(|r| row(&mut scores, r));
+        } else {
+            out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, row);
+        }
     }
     Ok(Tensor::cpu(CpuStorage::F32(out), s.out_shape().into()))
+}
+
+/// Whether the AVX2 + FMA variants of [`dot_f32`] / [`axpy_f32`] can run (the portable build
+/// has neither 256-bit lanes nor FMA).
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `sum(a[i] * b[i])`; `fma`: [`has_avx2_fma`] said yes.
+fn dot_f32(a: &[f32], b: &[f32], fma: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        #[target_feature(enable = "avx2,fma")]
+        fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+            dot_lanes::<true>(a, b)
+        }
+        // SAFETY: `fma` is only true when AVX2 and FMA were detected (`has_avx2_fma`).
+        return unsafe { dot_avx2(a, b) };
+    }
+    let _ = fma;
+    dot_lanes::<false>(a, b)
+}
+
+/// Sixteen running partial sums: a shape the compiler turns into two vector accumulators.
+/// `FMA`: fused multiply-adds, one instruction inside `dot_avx2` (outside a function compiled
+/// with FMA, `mul_add` would be a libm call).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn dot_lanes<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            acc[l] = if FMA { x[l].mul_add(y[l], acc[l]) } else { x[l] * y[l] + acc[l] };
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `o[i] += p * v[i]`; `fma` as in [`dot_f32`].
+fn axpy_f32(p: f32, v: &[f32], o: &mut [f32], fma: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        #[target_feature(enable = "avx2,fma")]
+        fn axpy_avx2(p: f32, v: &[f32], o: &mut [f32]) {
+            for (ox, &vx) in o.iter_mut().zip(v) {
+                *ox = p.mul_add(vx, *ox);
+            }
+        }
+        // SAFETY: as in `dot_f32`.
+        return unsafe { axpy_avx2(p, v, o) };
+    }
+    let _ = fma;
+    for (ox, &vx) in o.iter_mut().zip(v) {
+        *ox += p * vx;
+    }
 }
 
 // ---- GPU ----------------------------------------------------------------------------------
@@ -600,15 +689,32 @@ pub fn gpu_attention_tuned(
     let n_rblocks = rows.div_ceil(tiles.bq as usize);
     let base_wgs = s.b * s.hkv * n_rblocks;
     let bk = tiles.bk as usize;
-    let n_ktiles = s.tk.div_ceil(bk);
+    // The key-range split is planned for the keys' allocated length (a KV cache view
+    // [B, Hkv, len, D] of [.., capacity, D] has strides[1] / strides[2] == capacity), not
+    // for `tk`: the grid then stays the same while the cache fills, so a recorded decode step
+    // replays at every position (splits past `tk` find no keys and write empty partials).
+    let capacity = {
+        let st = &k.layout().strides;
+        if st[2] > 0 && st[1].is_multiple_of(st[2]) && st[1] / st[2] >= s.tk && st[1] == v.layout().strides[1] {
+            st[1] / st[2]
+        } else {
+            s.tk
+        }
+    };
+    let n_ktiles = capacity.div_ceil(bk);
     let splits = match tuning.splits {
         Some(n) => n.clamp(1, n_ktiles),
-        // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles.
-        None if base_wgs < TARGET_WORKGROUPS => TARGET_WORKGROUPS.div_ceil(base_wgs).min(n_ktiles / 2).max(1),
+        // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1
+        // for a few query rows: decode, where one workgroup walking 128 keys alone took ~20 µs
+        // on the H100).
+        None if base_wgs < TARGET_WORKGROUPS => {
+            let min_piece = if rows <= 16 { 1 } else { 2 };
+            TARGET_WORKGROUPS.div_ceil(base_wgs).min(n_ktiles / min_piece).max(1)
+        }
         None => 1,
     };
     let split_len = n_ktiles.div_ceil(splits) * bk;
-    let splits = s.tk.div_ceil(split_len);
+    let splits = capacity.div_ceil(split_len);
 
     let u = |x: usize| to_u32(OP, x);
     let st = |t: &Tensor| -> Result<[u32; 4]> {

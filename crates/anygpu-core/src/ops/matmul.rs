@@ -270,7 +270,7 @@ enum Access {
 fn access(v: (usize, usize, usize, usize), outer: usize, inner: usize) -> Access {
     let (off, sb, so, si) = v;
     // A stride over a dim of size 1 is never used.
-    let aligned = |s: usize, d: usize| d <= 1 || s % 4 == 0;
+    let aligned = |s: usize, d: usize| d <= 1 || s.is_multiple_of(4);
     if off % 4 != 0 || sb % 4 != 0 {
         Access::Strided
     } else if (si == 1 || inner <= 1) && aligned(so, outer) {
@@ -721,7 +721,7 @@ fn dispatch_blocked(
         out: out.dtype(),
         la: access_a(p),
         lb: access_b(p),
-        vec_out: p.n % 4 == 0,
+        vec_out: p.n.is_multiple_of(4),
     };
     let (spec, io) = kernel.kernel();
     if std::env::var("MM_DEBUG").is_ok() {

@@ -10,6 +10,7 @@ pub mod matmul;
 pub mod norm;
 pub mod reduce;
 pub mod rope;
+pub mod rope_kv;
 pub mod softmax;
 pub mod unary;
 

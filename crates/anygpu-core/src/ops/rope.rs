@@ -31,6 +31,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{Bind, KernelSpec};
 use crate::tensor::{CpuStorage, DType, Shape, Tensor};
 
+/// The angle arithmetic of the rope kernels (rope.wgsl, rope_kv.wgsl).
+pub(crate) const ROPE_MATH_WGSL: &str = include_str!("rope_math.wgsl");
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeOpts {
     /// Frequency base (theta), e.g. 10000 or 500000.
@@ -53,16 +56,16 @@ impl Default for RopeOpts {
 }
 
 /// Validated geometry of one rope call.
-struct Plan {
+pub(crate) struct Plan {
     /// Positions (T), heads (H), head dim (D), rotated pairs (rotary_dim / 2).
-    t: usize,
-    h: usize,
-    d: usize,
-    half: usize,
-    theta_scale: f32,
+    pub(crate) t: usize,
+    pub(crate) h: usize,
+    pub(crate) d: usize,
+    pub(crate) half: usize,
+    pub(crate) theta_scale: f32,
 }
 
-fn plan(x: &Tensor, start_pos: usize, o: &RopeOpts) -> Result<Plan> {
+pub(crate) fn plan(x: &Tensor, start_pos: usize, o: &RopeOpts) -> Result<Plan> {
     const OP: &str = "rope";
     expect_dtype(OP, x, DType::F32)?;
     let dims = x.dims();
@@ -209,7 +212,7 @@ pub fn gpu_rope(x: &Tensor, start_pos: usize, opts: &RopeOpts) -> Result<Tensor>
         Some(_) => ("rope_ff", "theta = div_rn(theta, ff[i]);"),
         None => ("rope", ""),
     };
-    let spec = KernelSpec::new(name, include_str!("rope.wgsl"), "rope").with(STRIDED_WGSL);
+    let spec = KernelSpec::new(name, include_str!("rope.wgsl"), "rope").with(STRIDED_WGSL).with(ROPE_MATH_WGSL);
     let pipeline = ctx.pipeline(&spec, &[("FREQ_FACTORS", divide)])?;
     let src = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "no GPU buffer"))?;
     let dst = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "no GPU buffer"))?;

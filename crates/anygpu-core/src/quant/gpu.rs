@@ -82,6 +82,9 @@ const BIND_ALIGN: u64 = 256;
 /// 565 µs at n = 16).
 pub const MATVEC_MAX_N: usize = 16;
 
+/// The widest x row the matvec kernel's RMSNorm prologue takes (see `qmatvec_fused`).
+pub const NORM_PROLOGUE_MAX_COLS: usize = 1024;
+
 /// Which kernel a product uses (tests force each one on every shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QKernel {
@@ -217,7 +220,9 @@ struct MatvecParams {
     out_stride: u32,
     groups: u32,
     n: u32,
-    _pad: u32,
+    r_off: u32,
+    eps: f32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -294,9 +299,169 @@ fn type_source(kind: Source, ty: GgmlType) -> &'static str {
     })
 }
 
+/// What the matvec kernel does with each row's dot product (see matvec.wgsl).
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    Store,
+    /// `out = W x + resid`, resid shaped like the output.
+    Add(&'a Tensor),
+    /// W is [2F, cols], gate rows over up rows: `out = silu(gate) * up`, [.., F].
+    Glu,
+}
+
+impl Epilogue<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Epilogue::Store => "",
+            Epilogue::Add(_) => "_add",
+            Epilogue::Glu => "_glu",
+        }
+    }
+    /// (EPILOGUE_DECL, ROWS, STORE) replacements of matvec.wgsl.
+    fn wgsl(&self) -> [(&'static str, &'static str); 3] {
+        const ROWS: &str = "    let orow = (g - xr * p.groups) * RPW + slot;\n    let row = orow;";
+        const STORE: &str =
+            "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid];\n    }";
+        match self {
+            Epilogue::Store => [("EPILOGUE_DECL", ""), ("ROWS", ROWS), ("STORE", STORE)],
+            Epilogue::Add(_) => [
+                ("EPILOGUE_DECL", "@group(0) @binding(4) var<storage, read> resid: array<f32>;"),
+                ("ROWS", ROWS),
+                (
+                    "STORE",
+                    "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid] + resid[p.r_off + xr * p.out_stride + orow];\n    }",
+                ),
+            ],
+            Epilogue::Glu => [
+                ("EPILOGUE_DECL", ""),
+                (
+                    "ROWS",
+                    "    let half = RPW / 2u;\n    let orow = (g - xr * p.groups) * half + slot % half;\n    let row = orow + select(0u, p.rows, slot >= half);",
+                ),
+                (
+                    "STORE",
+                    "    if (live && t == 0u && slot < RPW / 2u) {\n        let gate = red[lid];\n        let up = red[lid + (RPW / 2u) * TPR];\n        out[p.out_off + xr * p.out_stride + orow] = gate / (1.0 + exp(-gate)) * up;\n    }",
+                ),
+            ],
+        }
+    }
+}
+
+/// The x-side replacements of matvec.wgsl (X_DECL, PROLOGUE, XB): x read from its binding,
+/// or (`norm_binding` = Some(b)) x staged in workgroup memory RMS-normalised and scaled by the
+/// norm weight bound at `b`, for rows of `cols` floats.
+fn x_side(quantized: bool, norm_binding: Option<u32>, cols: usize) -> Vec<(&'static str, String)> {
+    let Some(b) = norm_binding else {
+        return vec![
+            (
+                "X_DECL",
+                "@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
+                 @group(0) @binding(2) var<storage, read> x1: array<f32>;"
+                    .into(),
+            ),
+            ("PROLOGUE", String::new()),
+            ("XB", "p.x_off + xr * p.x_stride".into()),
+        ];
+    };
+    // Quantized rows are whole 32-weight blocks: vec4 units; float rows may be odd: elements.
+    let (decl, n, sq, nw) = if quantized {
+        (
+            format!(
+                "@group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;\n\
+                 var<workgroup> x4: array<vec4<f32>, {}>;",
+                cols / 4
+            ),
+            cols / 4,
+            "dot(v, v)",
+            "vec4<f32>(nw[4u * i], nw[4u * i + 1u], nw[4u * i + 2u], nw[4u * i + 3u])",
+        )
+    } else {
+        (
+            format!(
+                "@group(0) @binding(2) var<storage, read> xin: array<f32>;\n\
+                 var<workgroup> x1: array<f32, {}>;",
+                cols.next_multiple_of(4)
+            ),
+            cols,
+            "v * v",
+            "nw[i]",
+        )
+    };
+    let decl = format!("{decl}\n@group(0) @binding({b}) var<storage, read> nw: array<f32>;");
+    let prologue = format!(
+        "    // RMSNorm of x row xr into workgroup memory, as the rms_norm kernel computes it.
+    let xrow = p.x_off + min(xr, p.n - 1u) * p.x_stride;
+    var ss = 0.0;
+    for (var i = lid; i < {n}u; i += 256u) {{
+        let v = xin[xrow + i];
+        ss += {sq};
+    }}
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {{
+        if (lid < s) {{
+            red[lid] += red[lid + s];
+        }}
+        workgroupBarrier();
+    }}
+    let inv_rms = inverseSqrt(red[0] / f32(p.cols) + p.eps);
+    for (var i = lid; i < {n}u; i += 256u) {{
+        x{}[i] = xin[xrow + i] * inv_rms * {nw};
+    }}
+    workgroupBarrier();",
+        if quantized { 4 } else { 1 }
+    );
+    vec![("X_DECL", decl), ("PROLOGUE", prologue), ("XB", "0u".into())]
+}
+
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
 pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Result<Tensor> {
-    qmatmul_with(w, x, n, out_shape, QOptions::default())
+    qmatmul_with(w, x, n, out_shape, QOptions::default(), Epilogue::Store, None)
+}
+
+/// The matvec kernel with a fused epilogue, for x [.., cols] with at most [`MATVEC_MAX_N`] rows;
+/// `Ok(None)` when the shapes need the unfused path (more x rows, or a GLU matrix too large for
+/// one binding). Shapes are checked by the caller (`QTensor::qmatmul_add` / `qmatmul_glu`).
+/// `norm` = (weight [cols], eps) applies RMSNorm to x first (the prologue), when a row fits in
+/// workgroup memory.
+pub(crate) fn qmatvec_fused(
+    w: &QTensor,
+    x: &Tensor,
+    epi: Epilogue<'_>,
+    norm: Option<(&Tensor, f32)>,
+    opts: QOptions,
+) -> Result<Option<Tensor>> {
+    let n = x.numel() / w.cols().max(1);
+    let (_, ctx) = gpu_weights("qmatmul", w)?;
+    if n == 0 || n > MATVEC_MAX_N || opts.kernel == Some(QKernel::Tiled) {
+        return Ok(None);
+    }
+    // The staged row and the reduction array must fit in workgroup memory, and the row must be
+    // short: every workgroup stages it before its first product, which on the H100 cost more
+    // than the separate rms_norm dispatch it saves for 4096-wide rows (8B shapes: the gate|up
+    // product 58 -> 102 µs), and less for 576-wide ones (SmolLM2: 242 dispatches instead of
+    // 303, GPU time per token 1.58 -> 1.36 ms).
+    let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
+    if norm.is_some()
+        && (w.cols() > NORM_PROLOGUE_MAX_COLS || staged > ctx.caps.max_compute_workgroup_storage_size as u64)
+    {
+        return Ok(None);
+    }
+    let out_rows = match epi {
+        Epilogue::Glu => {
+            if row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len() > 1 {
+                return Ok(None);
+            }
+            w.rows() / 2
+        }
+        _ => w.rows(),
+    };
+    let mut out_shape = x.dims().to_vec();
+    if let Some(last) = out_shape.last_mut() {
+        *last = out_rows;
+    }
+    let opts = QOptions { kernel: Some(QKernel::Matvec), ..opts };
+    qmatmul_with(w, x, n, out_shape, opts, epi, norm).map(Some)
 }
 
 /// [`qmatmul`] with the kernel choice and binding limit of `opts` (tests, benchmarks). Shapes
@@ -314,13 +479,23 @@ pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
     if let Some(last) = out_shape.last_mut() {
         *last = w.rows();
     }
-    qmatmul_with(w, x, n, out_shape, opts)
+    qmatmul_with(w, x, n, out_shape, opts, Epilogue::Store, None)
 }
 
-fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: QOptions) -> Result<Tensor> {
+fn qmatmul_with(
+    w: &QTensor,
+    x: &Tensor,
+    n: usize,
+    out_shape: Vec<usize>,
+    opts: QOptions,
+    epi: Epilogue<'_>,
+    norm: Option<(&Tensor, f32)>,
+) -> Result<Tensor> {
     const OP: &str = "qmatmul";
     let (wbuf, ctx) = gpu_weights(OP, w)?;
     let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
+    // Output elements per x row (half of W's rows under GLU).
+    let out_rows = if matches!(epi, Epilogue::Glu) { rows / 2 } else { rows };
     if n == 0 || rows == 0 || cols == 0 {
         return Tensor::zeros(out_shape, DType::F32, w.device());
     }
@@ -336,6 +511,23 @@ fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: 
     let max_binding = binding_limit(&ctx, &opts);
     let slices = row_slices(OP, w, max_binding)?;
     let kernel = opts.kernel.unwrap_or(if n <= MATVEC_MAX_N { QKernel::Matvec } else { QKernel::Tiled });
+    let resid = match epi {
+        Epilogue::Add(r) => {
+            let r = r.contiguous()?;
+            if r.numel() != n * rows {
+                return Err(Error::shape(
+                    OP,
+                    format!("residual {} does not match the output [{n}, {rows}]", r.shape()),
+                ));
+            }
+            Some(r)
+        }
+        _ => None,
+    };
+    let fused = !matches!(epi, Epilogue::Store) || norm.is_some();
+    if fused && (kernel != QKernel::Matvec || (matches!(epi, Epilogue::Glu) && slices.len() > 1)) {
+        return Err(Error::Unsupported(format!("{OP}: fused epilogues need the matvec kernel and one binding")));
+    }
 
     // x rows per dispatch: all of them unless x or the output exceeds one binding.
     let widest = (cols.max(rows) as u64) * 4;
@@ -357,13 +549,43 @@ fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: 
         None => threads_per_row(matvec_units(ty, cols)),
     };
 
+    // GLU pairs two row slots per output row.
+    let tpr = if matches!(epi, Epilogue::Glu) { tpr.min(WG / 2) } else { tpr };
     let spec = match kernel {
-        QKernel::Matvec => KernelSpec::new(format!("qmatvec_{name}_t{tpr}"), type_source(Source::Matvec, ty), "matvec")
-            .constant_u32("TPR", tpr as u32)
-            .constant_u32("RPW", (WG / tpr) as u32),
+        QKernel::Matvec => KernelSpec::new(
+            format!("qmatvec_{name}_t{tpr}{}{}", epi.name(), if norm.is_some() { "_norm" } else { "" }),
+            type_source(Source::Matvec, ty),
+            "matvec",
+        )
+        .constant_u32("TPR", tpr as u32)
+        .constant_u32("RPW", (WG / tpr) as u32),
         QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), type_source(Source::Matmul, ty), "matmul"),
     };
-    let pipeline = ctx.pipeline(&spec, &[])?;
+    let norm_binding = norm.map(|_| if resid.is_some() { 5 } else { 4 });
+    let pipeline = match kernel {
+        QKernel::Matvec => {
+            let xs = x_side(ty.is_quantized(), norm_binding, cols);
+            let mut repl: Vec<(&str, &str)> = epi.wgsl().to_vec();
+            repl.extend(xs.iter().map(|(k, v)| (*k, v.as_str())));
+            ctx.pipeline(&spec, &repl)?
+        }
+        QKernel::Tiled => ctx.pipeline(&spec, &[])?,
+    };
+    let norm_w = match norm {
+        Some((g, _)) => {
+            if g.numel() != cols || g.dtype() != DType::F32 || !g.device().same(w.device()) {
+                return Err(Error::shape(OP, format!("norm weight {} does not match {cols} columns", g.shape())));
+            }
+            Some(g.contiguous()?)
+        }
+        None => None,
+    };
+    let resid_buf = match &resid {
+        Some(r) => {
+            Some((r.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "residual is not on a GPU"))?, r.layout().offset))
+        }
+        None => None,
+    };
     // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
     let x_unit = if kernel == QKernel::Matvec && ty.is_quantized() { 16 } else { 4 };
     let x_start = x.layout().offset as u64 * 4;
@@ -372,15 +594,33 @@ fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: 
         let nc = n_per.min(n - n0);
         for s in &slices {
             let (xbind, x_delta) = window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4);
-            let (obind, o_delta) = window(obuf.buffer(), (n0 * rows) as u64 * 4, (nc * rows) as u64 * 4);
-            let binds = [Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
+            let (obind, o_delta) = window(obuf.buffer(), (n0 * out_rows) as u64 * 4, (nc * out_rows) as u64 * 4);
+            let mut binds = vec![Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
+            let mut r_off = 0;
+            if let Some((rbuf, roff)) = resid_buf {
+                let (rbind, r_delta) = window(rbuf.buffer(), (roff + n0 * rows) as u64 * 4, (nc * rows) as u64 * 4);
+                binds.push(rbind);
+                r_off = u(r_delta as usize / 4 + s.r0)?;
+            }
+            if let Some(g) = &norm_w {
+                let gb = g.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "norm weight is not on a GPU"))?;
+                let (gbind, g_delta) = window(gb.buffer(), g.layout().offset as u64 * 4, cols as u64 * 4);
+                if g_delta != 0 {
+                    return Err(Error::Unsupported(format!("{OP}: a norm weight view off a 256-byte boundary")));
+                }
+                binds.push(gbind);
+            }
             let out_off = u(o_delta as usize / 4 + s.r0)?;
             let x_off = u(x_delta as usize / x_unit)?;
             match kernel {
                 QKernel::Matvec => {
-                    let groups = s.rows.div_ceil(WG / tpr);
+                    let (rpw, slice_rows) = match epi {
+                        Epilogue::Glu => (WG / tpr / 2, out_rows),
+                        _ => (WG / tpr, s.rows),
+                    };
+                    let groups = slice_rows.div_ceil(rpw);
                     let params = MatvecParams {
-                        rows: u(s.rows)?,
+                        rows: u(slice_rows)?,
                         cols: u(cols)?,
                         row_bytes: u(w.row_bytes())?,
                         w_off: s.w_off,
@@ -388,10 +628,12 @@ fn qmatmul_with(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>, opts: 
                         x_off,
                         x_stride: u(cols * 4 / x_unit)?,
                         out_off,
-                        out_stride: u(rows)?,
+                        out_stride: u(out_rows)?,
                         groups: u(groups)?,
                         n: u(nc)?,
-                        _pad: 0,
+                        r_off,
+                        eps: norm.map_or(0.0, |(_, e)| e),
+                        _pad: [0; 3],
                     };
                     let wgs = groups.checked_mul(nc).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
                     ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(wgs)?))?;
@@ -428,15 +670,34 @@ pub fn gather_rows_opts(w: &QTensor, ids: &[u32], opts: QOptions) -> Result<Tens
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= w.rows()) {
         return Err(Error::Index { op: OP, index: bad as i64, len: w.rows() });
     }
+    let (_, ctx) = gpu_weights(OP, w)?;
+    if ids.is_empty() || w.cols() == 0 {
+        return Tensor::gpu_empty(vec![ids.len(), w.cols()], DType::F32, w.device());
+    }
+    let idbuf = ctx.upload(bytemuck::cast_slice(ids))?;
+    gather_rows_from(w, &idbuf, ids.len(), opts)
+}
+
+/// Rows of W whose ids are the first `n_ids` u32 of `idbuf` (on the GPU: a recorded decode
+/// step reads the token id from a buffer written before each replay), dequantized to f32
+/// [n_ids, cols]. The caller checks the ids are in range (the row of an id past W is not written).
+pub fn gather_rows_by_buffer(w: &QTensor, idbuf: &GpuBuffer, n_ids: usize) -> Result<Tensor> {
+    if idbuf.len < n_ids as u64 * 4 {
+        return Err(Error::shape("embedding", format!("{n_ids} ids requested from a buffer of {} bytes", idbuf.len)));
+    }
+    gather_rows_from(w, idbuf, n_ids, QOptions::default())
+}
+
+fn gather_rows_from(w: &QTensor, idbuf: &GpuBuffer, n_ids: usize, opts: QOptions) -> Result<Tensor> {
+    const OP: &str = "embedding";
     let (wbuf, ctx) = gpu_weights(OP, w)?;
     let (cols, ty) = (w.cols(), w.ggml_type());
-    let out = Tensor::gpu_empty(vec![ids.len(), cols], DType::F32, w.device())?;
-    if ids.is_empty() || cols == 0 {
+    let out = Tensor::gpu_empty(vec![n_ids, cols], DType::F32, w.device())?;
+    if n_ids == 0 || cols == 0 {
         return Ok(out);
     }
     let u = |v: usize| to_u32(OP, v);
-    u(ids.len().checked_mul(cols).ok_or_else(|| Error::shape(OP, "output size overflows"))?)?;
-    let idbuf = ctx.upload(bytemuck::cast_slice(ids))?;
+    u(n_ids.checked_mul(cols).ok_or_else(|| Error::shape(OP, "output size overflows"))?)?;
     let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let spec = KernelSpec::new(format!("qgather_{}", wgsl_name(ty)), type_source(Source::Gather, ty), "gather");
     let pipeline = ctx.pipeline(&spec, &[])?;
@@ -445,13 +706,13 @@ pub fn gather_rows_opts(w: &QTensor, ids: &[u32], opts: QOptions) -> Result<Tens
             cols: u(cols)?,
             row_bytes: u(w.row_bytes())?,
             w_off: s.w_off,
-            n_ids: u(ids.len())?,
+            n_ids: u(n_ids)?,
             r0: u(s.r0)?,
             rows: u(s.rows)?,
             _pad: [0; 2],
         };
-        let binds = [Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), Bind::Whole(&idbuf), Bind::Whole(obuf)];
-        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(ids.len())?))?;
+        let binds = [Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), Bind::Whole(idbuf), Bind::Whole(obuf)];
+        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(n_ids)?))?;
     }
     Ok(out)
 }

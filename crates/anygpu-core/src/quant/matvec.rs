@@ -1,5 +1,8 @@
-//! Fast CPU products with quantized weights: `matvec` for decode (one token), `matmul` for
-//! prefill (many tokens).
+//! CPU products with quantized weights and f32 activations: `matvec` for decode (one token),
+//! `matmul` for prefill (many tokens). They equal dequantize-then-dot up to summation order,
+//! so they are the reference the GPU kernels are checked against. `matmul_q8` is the CPU
+//! backend's faster product for running models (activations rounded to 8 bits, integer dot
+//! products: `q8.rs`), chosen per weight with `QTensor::with_cpu_math`.
 //!
 //! `matvec` reads each weight block once and multiplies it with `x` while it is in registers: the
 //! row is never expanded to f32. `x` stays f32 (no Q8 rounding of the activations), so the result
@@ -122,6 +125,49 @@ pub fn matmul(
         for i in 0..n {
             y[i * rows + r0..][..rc].copy_from_slice(&out[i * rc..][..rc]);
         }
+    }
+    Ok(())
+}
+
+/// Y = X W^T as [`matmul`] (any `n`, 1 included), but with the activations rounded to 8-bit
+/// blocks and integer dot products where `ty` has such a kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0:
+/// `q8.rs`; Q4_K, Q5_K, Q6_K: `q8k.rs`): llama.cpp's CPU arithmetic, several times faster
+/// than f32 activations. Other types take the exact f32 path. Results differ from
+/// dequantize-then-dot by the rounding of x (up to 1/254 of each block's largest |x|), so this
+/// is for running models, not a reference.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_q8(
+    ty: GgmlType,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    if !super::q8::supports(ty) && !super::q8k::supports(ty) {
+        return if n == 1 { matvec(ty, weights, rows, cols, x, y) } else { matmul(ty, weights, rows, cols, x, n, y) };
+    }
+    let x_len =
+        n.checked_mul(cols).ok_or_else(|| Error::shape("matmul", format!("{n} x {cols} inputs overflow usize")))?;
+    let y_len =
+        n.checked_mul(rows).ok_or_else(|| Error::shape("matmul", format!("{n} x {rows} outputs overflow usize")))?;
+    if x.len() != x_len {
+        return Err(Error::shape("matmul", format!("x has {} elements, expected n x cols = {n} x {cols}", x.len())));
+    }
+    check("matmul", ty, weights, rows, cols, cols, y_len, y.len())?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    let path = super::q8::Path::best();
+    if super::q8k::supports(ty) {
+        super::q8k::matmul(path, ty, weights, rows, cols, x, n, y);
+    } else {
+        super::q8::matmul(path, ty, weights, rows, cols, x, n, y);
     }
     Ok(())
 }

@@ -30,15 +30,26 @@ struct Params {
     out_stride: u32, // output elements per x row
     groups: u32,     // workgroups per x row
     n: u32,          // x rows
-    _pad: u32,
+    r_off: u32,      // residual index of (x row 0, row 0) when the epilogue adds one
+    eps: f32,        // RMSNorm epsilon when the prologue normalises x
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-// One of the two views of x is used, depending on the type (never both in one pipeline).
-@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> x1: array<f32>;
+// x: one of two views of binding 2 is used, depending on the type (never both in one
+// pipeline). With the RMSNorm prologue, x4 / x1 are instead workgroup arrays holding the
+// normalised x row (see PROLOGUE), and binding 2 is `xin`.
+{{X_DECL}}
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// Epilogues (chosen by the host): `out = W x` (STORE), `out = W x + resid` (ADD: the residual
+// connection, saving a separate add dispatch), or GLU: W stacks gate rows [0, F) over up rows
+// [F, 2F) and `out = silu(W_gate x) * (W_up x)` for F = p.rows (saving two dispatches and the
+// round trip of both halves through memory). Each workgroup then takes RPW / 2 output rows:
+// its first half of row slots computes the gate rows, the second half the matching up rows.
+{{EPILOGUE_DECL}}
 
 var<workgroup> red: array<f32, 256>;
 
@@ -323,13 +334,16 @@ fn mv_q6k(rb: u32, u: u32, xb: u32) -> f32 {
 fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let xr = g / p.groups;
-    let row = (g - xr * p.groups) * RPW + lid / TPR;
+    let slot = lid / TPR;
+    // The output row, and the row of W this invocation reads.
+{{ROWS}}
     let t = lid % TPR;
-    let live = row < p.rows && xr < p.n;
+    let live = orow < p.rows && xr < p.n;
+{{PROLOGUE}}
     var acc = 0.0;
     if (live) {
         let rb = p.w_off + row * p.row_bytes;
-        let xb = p.x_off + xr * p.x_stride;
+        let xb = {{XB}};
         // Four units per step: their loads are independent, so each invocation keeps four
         // memory requests in flight instead of one (the kernel is latency-bound otherwise).
         var u = t;
@@ -353,7 +367,5 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
         workgroupBarrier();
     }
-    if (live && t == 0u) {
-        out[p.out_off + xr * p.out_stride + row] = red[lid];
-    }
+{{STORE}}
 }

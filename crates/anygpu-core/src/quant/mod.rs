@@ -2,18 +2,26 @@
 //!
 //! - [`blocks`]: the block structs, byte for byte as ggml lays them out;
 //! - [`dequantize`]: the clear, reference expansion to f32;
-//! - [`matvec`] / [`matmul`]: the fast CPU products used by the CPU backend (decode / prefill).
+//! - [`matvec`] / [`matmul`]: the CPU products with f32 activations (decode / prefill), equal to
+//!   dequantize-then-dot up to summation order: the reference for the GPU kernels;
+//! - [`matmul_q8`]: the CPU backend's fast product for model execution, activations rounded to
+//!   8-bit blocks as llama.cpp's CPU backend does (chosen per weight by [`CpuMath`]): `q8.rs`
+//!   for the 32-weight formats, `q8k.rs` for Q4_K, Q5_K and Q6_K.
 
 pub mod blocks;
 mod dequant;
+pub mod fused;
 pub mod gpu;
 mod matvec;
+mod q8;
+mod q8k;
 mod qtensor;
 mod quantize;
 mod types;
 
 pub use dequant::{dequantize, dequantize_to_vec};
-pub use matvec::{matmul, matvec};
-pub use qtensor::{QStorage, QTensor, SharedBytes};
+pub use fused::RmsNorm;
+pub use matvec::{matmul, matmul_q8, matvec};
+pub use qtensor::{CpuMath, QStorage, QTensor, SharedBytes};
 pub use quantize::quantize_into;
 pub use types::GgmlType;

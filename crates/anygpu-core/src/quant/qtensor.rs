@@ -24,6 +24,20 @@ pub enum QStorage {
     Gpu(Arc<GpuBuffer>),
 }
 
+/// What a CPU product does with the activations (GPU tensors ignore it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuMath {
+    /// f32 activations: dequantize-then-dot up to summation order ([`super::matvec`],
+    /// [`super::matmul`]). The default, because the CPU backend is the reference every GPU
+    /// kernel is checked against.
+    #[default]
+    Exact,
+    /// Activations rounded to 8-bit blocks and integer dot products, as llama.cpp's CPU backend
+    /// computes ([`super::matmul_q8`]): several times faster, for running models. Types without
+    /// an integer kernel stay exact.
+    Q8,
+}
+
 /// A [rows, cols] matrix of `ty` blocks, row-major (each row is cols/block_size blocks).
 #[derive(Clone)]
 pub struct QTensor {
@@ -32,6 +46,7 @@ pub struct QTensor {
     cols: usize,
     storage: QStorage,
     device: Device,
+    cpu_math: CpuMath,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -52,7 +67,7 @@ impl QTensor {
         len: usize,
         device: &Device,
     ) -> Result<QTensor> {
-        if cols % ty.block_size() != 0 {
+        if !cols.is_multiple_of(ty.block_size()) {
             return Err(Error::shape("qtensor", format!("{cols} columns is not a multiple of the {ty} block size")));
         }
         let expected = ty.byte_size(rows as u64 * cols as u64)?;
@@ -67,13 +82,36 @@ impl QTensor {
             Device::Cpu => QStorage::Cpu { bytes, offset, len },
             Device::Gpu(ctx) => QStorage::Gpu(Arc::new(ctx.upload(&(*bytes).as_ref()[offset..offset + len])?)),
         };
-        Ok(QTensor { ty, rows, cols, storage, device: device.clone() })
+        Ok(QTensor { ty, rows, cols, storage, device: device.clone(), cpu_math: CpuMath::default() })
+    }
+
+    /// A GPU matrix over `buf`, which holds `rows` rows of `ty` blocks (see `fused.rs`).
+    pub(crate) fn from_gpu(ty: GgmlType, rows: usize, cols: usize, buf: GpuBuffer, device: &Device) -> QTensor {
+        QTensor {
+            ty,
+            rows,
+            cols,
+            storage: QStorage::Gpu(Arc::new(buf)),
+            device: device.clone(),
+            cpu_math: CpuMath::default(),
+        }
     }
 
     /// A QTensor over an owned copy of `data` (tests, synthetic weights).
     pub fn from_vec(ty: GgmlType, rows: usize, cols: usize, data: Vec<u8>, device: &Device) -> Result<QTensor> {
         let len = data.len();
         Self::new(ty, rows, cols, Arc::new(data), 0, len, device)
+    }
+
+    /// This matrix with `math` for its CPU products (a model loader asks for [`CpuMath::Q8`];
+    /// tests and references keep the exact default).
+    pub fn with_cpu_math(mut self, math: CpuMath) -> QTensor {
+        self.cpu_math = math;
+        self
+    }
+
+    pub fn cpu_math(&self) -> CpuMath {
+        self.cpu_math
     }
 
     pub fn ggml_type(&self) -> GgmlType {
@@ -133,7 +171,9 @@ impl QTensor {
                 let xs = x.contiguous()?.to_vec::<f32>()?;
                 let w = self.cpu_bytes().ok_or_else(|| Error::mismatch(OP, "weights not on the CPU"))?;
                 let mut y = vec![0f32; n * self.rows];
-                if n == 1 {
+                if self.cpu_math == CpuMath::Q8 {
+                    super::matmul_q8(self.ty, w, self.rows, self.cols, &xs, n, &mut y)?;
+                } else if n == 1 {
                     super::matvec(self.ty, w, self.rows, self.cols, &xs, &mut y)?;
                 } else {
                     super::matmul(self.ty, w, self.rows, self.cols, &xs, n, &mut y)?;

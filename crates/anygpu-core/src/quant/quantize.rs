@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 
 /// Appends the blocks of `x` (a whole number of blocks) in format `ty` to `out`.
 pub fn quantize_into(ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Result<()> {
-    if x.len() % ty.block_size() != 0 {
+    if !x.len().is_multiple_of(ty.block_size()) {
         return Err(Error::shape("quantize", format!("{} values is not a multiple of the {ty} block size", x.len())));
     }
     match ty {

@@ -58,7 +58,7 @@ impl LlamaConfig {
         }
         let head_dim = n_embd / n_head;
         let rope_dim = f.get_u32_or(&key("rope.dimension_count"), head_dim as u32)? as usize;
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(bad(format!("rope dimension {rope_dim} does not fit head dimension {head_dim}")));
         }
         let scaling = match f.get(&key("rope.scaling.type")) {
@@ -69,6 +69,7 @@ impl LlamaConfig {
             "none" => 1.0,
             "linear" => {
                 let factor = f.get_f32_or(&key("rope.scaling.factor"), 1.0)?;
+                #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
                 if !(factor > 0.0) {
                     return Err(bad(format!("rope scaling factor {factor}")));
                 }

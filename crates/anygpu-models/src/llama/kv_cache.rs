@@ -1,15 +1,22 @@
 //! The KV cache: per layer, keys and values [Hkv, n_ctx, D] on the model's device, written in
 //! place as positions are added, read through views (no copy per step).
 
+use anygpu_core::ops::rope::RopeOpts;
+use anygpu_core::ops::rope_kv::rope_qkv_store;
 use anygpu_core::{DType, Device, Error, Result, Tensor};
 
 use super::config::LlamaConfig;
+use super::decode_graph::{DecodeGraph, DecodeStats};
 
 pub struct KvCache {
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
     len: usize,
     capacity: usize,
+    /// The recorded decode step bound to these buffers (GPU only, built on first use).
+    pub(crate) graph: Option<DecodeGraph>,
+    /// Recording was tried and failed: do not try again for this cache.
+    pub(crate) graph_failed: bool,
 }
 
 impl KvCache {
@@ -21,7 +28,7 @@ impl KvCache {
         let mk = || Tensor::zeros(shape, DType::F32, device);
         let keys = (0..cfg.n_layer).map(|_| mk()).collect::<Result<Vec<_>>>()?;
         let values = (0..cfg.n_layer).map(|_| mk()).collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { keys, values, len: 0, capacity: n_ctx })
+        Ok(KvCache { keys, values, len: 0, capacity: n_ctx, graph: None, graph_failed: false })
     }
 
     /// Positions filled.
@@ -59,7 +66,50 @@ impl KvCache {
         Ok((kc.narrow(1, 0, n)?.unsqueeze(0)?, vc.narrow(1, 0, n)?.unsqueeze(0)?))
     }
 
+    /// For y [T, H + 2 Hkv, D] (the stacked Q|K|V of T tokens): rotates Q and K (positions
+    /// `len..len+T`), writes K and V into layer `layer` and returns Q rotated [T, H, D] with
+    /// views of every filled position, [1, Hkv, len+T, D] each; one dispatch on a GPU.
+    pub fn append_roped(
+        &mut self,
+        layer: usize,
+        y: &Tensor,
+        h: usize,
+        rope: &RopeOpts,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let t = y.dim("kv cache", 0)?;
+        let (kc, vc) = (&mut self.keys[layer], &mut self.values[layer]);
+        let q = rope_qkv_store(y, h, self.len, rope, kc, vc)?;
+        let n = self.len + t;
+        Ok((q, kc.narrow(1, 0, n)?.unsqueeze(0)?, vc.narrow(1, 0, n)?.unsqueeze(0)?))
+    }
+
     pub fn advance(&mut self, t: usize) {
         self.len += t;
+    }
+
+    /// Timings of the recorded decode steps run on this cache (None when decode steps run op
+    /// by op: the CPU, or recording off or failed).
+    pub fn decode_stats(&self) -> Option<DecodeStats> {
+        self.graph.as_ref().map(DecodeGraph::stats)
+    }
+
+    /// GPU time per op of one recorded decode step (None on the CPU, without a recording, or
+    /// without timestamp queries): (op, dispatches, seconds), largest first.
+    pub fn profile_decode(&mut self) -> Result<Option<Vec<(String, usize, f64)>>> {
+        let len = self.len;
+        match self.graph.take() {
+            Some(mut g) => {
+                let out = g.profile(self);
+                self.len = len;
+                self.graph = Some(g);
+                out
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Sets the filled length (recording the decode step at chosen positions).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity);
     }
 }

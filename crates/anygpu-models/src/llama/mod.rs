@@ -1,6 +1,7 @@
 //! The llama family: configuration from GGUF metadata, the model, its KV cache.
 
 mod config;
+pub mod decode_graph;
 mod kv_cache;
 mod model;
 

@@ -3,14 +3,16 @@
 //! final norm, output projection (tied to the embedding when the file has no output.weight).
 //! Weight names follow the GGUF keys. Weights stay in their GGUF block format (QTensor).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anygpu_core::ops::attention::AttentionOpts;
 use anygpu_core::ops::rope::RopeOpts;
-use anygpu_core::quant::{QTensor, SharedBytes};
+use anygpu_core::quant::{CpuMath, QTensor, RmsNorm, SharedBytes};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
 
 use super::config::LlamaConfig;
+use super::decode_graph::{self, DecodeGraph};
 use super::kv_cache::KvCache;
 use crate::gguf::GgufFile;
 
@@ -23,19 +25,90 @@ impl AsRef<[u8]> for MappedFile {
     }
 }
 
+/// The Q, K, V projections: on a GPU, stacked into one matrix when their types match (one
+/// product per token instead of three); separate otherwise (and on the CPU, where the weights
+/// stay memory-mapped). One per layer: the variants' size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Qkv {
+    Stacked { w: QTensor, bias: Option<Tensor> },
+    Separate { w: [QTensor; 3], bias: [Option<Tensor>; 3] },
+}
+
+/// The SwiGLU projections: gate|up stacked on a GPU when their types match (the matvec kernel
+/// then applies silu(gate) * up in its epilogue), separate otherwise.
+enum GateUp {
+    Stacked(QTensor),
+    Separate { gate: QTensor, up: QTensor },
+}
+
 struct Block {
     attn_norm: Tensor,
-    wq: QTensor,
-    wk: QTensor,
-    wv: QTensor,
-    bq: Option<Tensor>,
-    bk: Option<Tensor>,
-    bv: Option<Tensor>,
+    qkv: Qkv,
     wo: QTensor,
     ffn_norm: Tensor,
-    w_gate: QTensor,
-    w_up: QTensor,
+    gate_up: GateUp,
     w_down: QTensor,
+}
+
+impl Qkv {
+    fn load(ld: &mut Loader, n: &dyn Fn(&str) -> String) -> Result<Qkv> {
+        let w = [ld.matrix(&n("attn_q.weight"))?, ld.matrix(&n("attn_k.weight"))?, ld.matrix(&n("attn_v.weight"))?];
+        let bias = [
+            ld.optional_vector(&n("attn_q.bias"))?,
+            ld.optional_vector(&n("attn_k.bias"))?,
+            ld.optional_vector(&n("attn_v.bias"))?,
+        ];
+        if !stack_on(ld.device, &w) {
+            return Ok(Qkv::Separate { w, bias });
+        }
+        let stacked = QTensor::concat_rows(&[&w[0], &w[1], &w[2]])?;
+        let bias = if bias.iter().any(Option::is_some) {
+            let parts = bias
+                .iter()
+                .zip(&w)
+                .map(|(b, w)| match b {
+                    Some(b) => Ok(b.clone()),
+                    None => Tensor::zeros([w.rows()], DType::F32, ld.device),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Tensor::concat(&parts.iter().collect::<Vec<_>>(), 0)?)
+        } else {
+            None
+        };
+        Ok(Qkv::Stacked { w: stacked, bias })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Qkv::Stacked { w, .. } => w.byte_len(),
+            Qkv::Separate { w, .. } => w.iter().map(QTensor::byte_len).sum(),
+        }
+    }
+}
+
+impl GateUp {
+    fn load(ld: &mut Loader, n: &dyn Fn(&str) -> String) -> Result<GateUp> {
+        let (gate, up) = (ld.matrix(&n("ffn_gate.weight"))?, ld.matrix(&n("ffn_up.weight"))?);
+        if stack_on(ld.device, &[gate.clone(), up.clone()]) && gate.rows() == up.rows() {
+            return Ok(GateUp::Stacked(QTensor::concat_rows(&[&gate, &up])?));
+        }
+        Ok(GateUp::Separate { gate, up })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            GateUp::Stacked(w) => w.byte_len(),
+            GateUp::Separate { gate, up } => gate.byte_len() + up.byte_len(),
+        }
+    }
+}
+
+/// Whether to stack these matrices into one: on a GPU, when their types and widths agree.
+/// `ANYGPU_STACK_WEIGHTS=0` keeps them separate (for comparisons).
+fn stack_on(device: &Device, w: &[QTensor]) -> bool {
+    device.gpu().is_some()
+        && std::env::var("ANYGPU_STACK_WEIGHTS").map(|v| v != "0").unwrap_or(true)
+        && w.iter().all(|m| m.ggml_type() == w[0].ggml_type() && m.cols() == w[0].cols())
 }
 
 pub struct Llama {
@@ -47,6 +120,8 @@ pub struct Llama {
     /// None: tied to `token_embd`.
     output: Option<QTensor>,
     rope: RopeOpts,
+    /// Unique per loaded model: a recorded decode step names the model it binds.
+    id: u64,
 }
 
 /// Loads one weight of the file onto `device`.
@@ -84,7 +159,11 @@ impl Loader<'_> {
             t.n_bytes as usize,
             self.device,
         )
-        .map_err(|e| Error::Format(format!("tensor {name}: {e}")))?;
+        .map_err(|e| Error::Format(format!("tensor {name}: {e}")))?
+        // On the CPU, products round activations to 8-bit blocks and use integer dot products,
+        // as llama.cpp's CPU backend does (1.6-2x faster decode on the 2-core machine); GPU
+        // tensors ignore it.
+        .with_cpu_math(CpuMath::Q8);
         self.tick(t.n_bytes);
         Ok(q)
     }
@@ -123,16 +202,10 @@ impl Llama {
             let n = |s: &str| format!("blk.{i}.{s}");
             blocks.push(Block {
                 attn_norm: ld.vector(&n("attn_norm.weight"))?,
-                wq: ld.matrix(&n("attn_q.weight"))?,
-                wk: ld.matrix(&n("attn_k.weight"))?,
-                wv: ld.matrix(&n("attn_v.weight"))?,
-                bq: ld.optional_vector(&n("attn_q.bias"))?,
-                bk: ld.optional_vector(&n("attn_k.bias"))?,
-                bv: ld.optional_vector(&n("attn_v.bias"))?,
+                qkv: Qkv::load(&mut ld, &n)?,
                 wo: ld.matrix(&n("attn_output.weight"))?,
                 ffn_norm: ld.vector(&n("ffn_norm.weight"))?,
-                w_gate: ld.matrix(&n("ffn_gate.weight"))?,
-                w_up: ld.matrix(&n("ffn_up.weight"))?,
+                gate_up: GateUp::load(&mut ld, &n)?,
                 w_down: ld.matrix(&n("ffn_down.weight"))?,
             });
         }
@@ -150,11 +223,53 @@ impl Llama {
             freq_factors,
         };
         device.sync()?;
-        Ok(Llama { config, device: device.clone(), token_embd, blocks, output_norm, output, rope })
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Llama { config, device: device.clone(), token_embd, blocks, output_norm, output, rope, id })
     }
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// One decode step: runs `token` at position `cache.len()` and returns the logits [V].
+    /// On a GPU the step is a replay of the recorded forward pass (built on the first call for
+    /// this cache, see [`super::decode_graph`]); if recording fails the per-op path runs.
+    pub fn decode(&self, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
+        if self.prepare_decode(cache) {
+            if let Some(mut g) = cache.graph.take() {
+                let out = g.step(self, token, cache);
+                cache.graph = Some(g);
+                return out;
+            }
+        }
+        self.forward(&[token], cache, false)?.to_vec_f32()
+    }
+
+    /// Records the decode step for `cache` now if it will be replayed (a GPU model, not
+    /// disabled, not failed before); returns whether decode steps on this cache replay.
+    /// Recording failures are reported once on stderr and fall back to the per-op path.
+    pub fn prepare_decode(&self, cache: &mut KvCache) -> bool {
+        if self.device.gpu().is_none() || !decode_graph::enabled() {
+            return false;
+        }
+        if cache.graph.as_ref().is_some_and(|g| !g.belongs_to(self)) {
+            cache.graph = None;
+        }
+        if cache.graph.is_none() && !cache.graph_failed {
+            match DecodeGraph::build(self, cache) {
+                Ok(g) => cache.graph = Some(g),
+                Err(e) => {
+                    cache.graph_failed = true;
+                    eprintln!("anygpu: decode step not recorded ({e}); running it op by op");
+                }
+            }
+        }
+        cache.graph.is_some()
     }
 
     /// Number of tensors `load` reports progress for.
@@ -170,11 +285,26 @@ impl Llama {
     /// Runs `tokens` at positions `cache.len()..`, appends their keys/values to the cache and
     /// returns the logits [T, V] of every position (`all_logits`) or of the last one [1, V].
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
+        if self.device.is_cpu() && rayon::current_thread_index().is_none() {
+            // On the CPU every op forks onto the rayon pool; run from a pool thread, the small
+            // ops of a decode step do not park and wake the caller each time (~28% of a decode
+            // step's time in the kernel's sleep/wake on the 2-core machine).
+            return rayon::scope(|_| self.forward(tokens, cache, all_logits));
+        }
         let cfg = &self.config;
-        let t = tokens.len();
-        if t == 0 {
+        if tokens.is_empty() {
             return Err(Error::shape("llama forward", "no tokens"));
         }
+        self.check_room(cache, tokens.len())?;
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
+            return Err(Error::Index { op: "token id", index: bad as i64, len: cfg.n_vocab });
+        }
+        let x = self.token_embd.gather_rows(tokens)?; // [T, C]
+        self.forward_embedded(x, cache, all_logits)
+    }
+
+    /// Fails when `t` more positions do not fit in the cache.
+    pub(crate) fn check_room(&self, cache: &KvCache, t: usize) -> Result<()> {
         let pos = cache.len();
         if pos + t > cache.capacity() {
             return Err(Error::shape(
@@ -183,52 +313,81 @@ impl Llama {
                     "context length exceeded: {} positions requested, the context holds {} (raise --ctx-size, at most the model's {})",
                     pos + t,
                     cache.capacity(),
-                    cfg.n_ctx_train
+                    self.config.n_ctx_train
                 ),
             ));
         }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
-            return Err(Error::Index { op: "token id", index: bad as i64, len: cfg.n_vocab });
-        }
+        Ok(())
+    }
+
+    /// The token embedding matrix (also the output projection when tied).
+    pub(crate) fn token_embd(&self) -> &QTensor {
+        &self.token_embd
+    }
+
+    /// [`Llama::forward`] from embedded tokens x [T, C].
+    pub(crate) fn forward_embedded(&self, x: Tensor, cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
+        let cfg = &self.config;
+        let t = x.dim("llama forward", 0)?;
+        self.check_room(cache, t)?;
+        let pos = cache.len();
         let (h, hkv, d) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true };
-        let mut x = self.token_embd.gather_rows(tokens)?; // [T, C]
+        let mut x = x;
         for (li, b) in self.blocks.iter().enumerate() {
-            let hn = x.rms_norm(Some(&b.attn_norm), cfg.rms_eps)?;
-            let proj = |w: &QTensor, bias: &Option<Tensor>| -> Result<Tensor> {
-                let y = w.qmatmul(&hn)?;
-                match bias {
-                    Some(bv) => y.add(bv),
-                    None => Ok(y),
+            // The RMSNorms run inside the products that read them (fused on a GPU for a few
+            // tokens at a time, see anygpu_core::quant::fused).
+            let attn_norm = RmsNorm { weight: &b.attn_norm, eps: cfg.rms_eps };
+            let (q, keys, values) = match &b.qkv {
+                Qkv::Stacked { w, bias } => {
+                    // [T, (H + 2 Hkv) D]; rope and the cache store in one op.
+                    let mut y = w.qmatmul_rms(&x, attn_norm)?;
+                    if let Some(bias) = bias {
+                        y = y.add(bias)?;
+                    }
+                    cache.append_roped(li, &y.reshape([t, h + 2 * hkv, d])?, h, &self.rope)?
+                }
+                Qkv::Separate { w, bias } => {
+                    let hn = x.rms_norm(Some(&b.attn_norm), cfg.rms_eps)?;
+                    let proj = |i: usize, heads: usize| -> Result<Tensor> {
+                        let y = w[i].qmatmul(&hn)?;
+                        let y = match &bias[i] {
+                            Some(bv) => y.add(bv)?,
+                            None => y,
+                        };
+                        y.reshape([t, heads, d])
+                    };
+                    let (q, k, v) =
+                        (proj(0, h)?.rope(pos, &self.rope)?, proj(1, hkv)?.rope(pos, &self.rope)?, proj(2, hkv)?);
+                    let (keys, values) = cache.append(li, &k, &v)?; // [1, Hkv, pos+T, D] views
+                    (q, keys, values)
                 }
             };
-            let q = proj(&b.wq, &b.bq)?.reshape([t, h, d])?.rope(pos, &self.rope)?;
-            let k = proj(&b.wk, &b.bk)?.reshape([t, hkv, d])?.rope(pos, &self.rope)?;
-            let v = proj(&b.wv, &b.bv)?.reshape([t, hkv, d])?;
-            let (keys, values) = cache.append(li, &k, &v)?; // [1, Hkv, pos+T, D] views
             let q = q.permute(&[1, 0, 2])?.unsqueeze(0)?; // [1, H, T, D]
             let a = q.attention(&keys, &values, &attn)?; // [1, H, T, D]
             let a = a.reshape([h, t, d])?.permute(&[1, 0, 2])?.reshape([t, h * d])?;
-            x = x.add(&b.wo.qmatmul(&a)?)?;
-            let hn = x.rms_norm(Some(&b.ffn_norm), cfg.rms_eps)?;
-            let gate = b.w_gate.qmatmul(&hn)?.silu()?;
-            let up = b.w_up.qmatmul(&hn)?;
-            x = x.add(&b.w_down.qmatmul(&gate.mul(&up)?)?)?;
+            x = b.wo.qmatmul_add(&a, &x)?;
+            let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps };
+            let g = match &b.gate_up {
+                GateUp::Stacked(w) => w.qmatmul_glu_rms(&x, ffn_norm)?,
+                GateUp::Separate { gate, up } => {
+                    let hn = x.rms_norm(Some(&b.ffn_norm), cfg.rms_eps)?;
+                    gate.qmatmul(&hn)?.silu()?.mul(&up.qmatmul(&hn)?)?
+                }
+            };
+            x = b.w_down.qmatmul_add(&g, &x)?;
         }
         cache.advance(t);
         let x = if all_logits { x } else { x.narrow(0, t - 1, 1)? };
-        let x = x.rms_norm(Some(&self.output_norm), cfg.rms_eps)?;
-        self.output.as_ref().unwrap_or(&self.token_embd).qmatmul(&x)
+        let output_norm = RmsNorm { weight: &self.output_norm, eps: cfg.rms_eps };
+        self.output.as_ref().unwrap_or(&self.token_embd).qmatmul_rms(&x, output_norm)
     }
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
         let q = |w: &QTensor| w.byte_len();
-        let blocks: usize = self
-            .blocks
-            .iter()
-            .map(|b| q(&b.wq) + q(&b.wk) + q(&b.wv) + q(&b.wo) + q(&b.w_gate) + q(&b.w_up) + q(&b.w_down))
-            .sum();
+        let blocks: usize =
+            self.blocks.iter().map(|b| b.qkv.bytes() + q(&b.wo) + b.gate_up.bytes() + q(&b.w_down)).sum();
         blocks + q(&self.token_embd) + self.output.as_ref().map_or(0, q)
     }
 

@@ -1,0 +1,124 @@
+//! The decode step as a replay of prepared dispatches: one token's forward pass is recorded
+//! once per KV cache (at three positions, so that the position-dependent parameters are found
+//! and checked, see `anygpu_core::gpu::replay`) and then issued for every new token with one
+//! submit: the token id and the patched parameters are written, the recorded dispatches run,
+//! the logits come back. Set `ANYGPU_DECODE_GRAPH=0` to run every step through the per-op
+//! path instead (for comparisons; the results are the same).
+
+use std::sync::Arc;
+
+use anygpu_core::gpu::{GpuContext, Replay, ReplayTimes};
+use anygpu_core::quant::gpu::gather_rows_by_buffer;
+use anygpu_core::{DType, Error, Result, Tensor};
+
+use super::kv_cache::KvCache;
+use super::model::Llama;
+
+pub struct DecodeGraph {
+    replay: Replay,
+    /// The token id the recorded embedding lookup reads: u32 [1].
+    ids: Tensor,
+    /// The recorded logits [1, V].
+    logits: Tensor,
+    /// The model the recording belongs to (its weights are bound).
+    model_id: u64,
+    stats: DecodeStats,
+}
+
+/// Sums over the steps run so far (see [`KvCache::decode_stats`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeStats {
+    /// Dispatches per step.
+    pub dispatches: usize,
+    pub steps: usize,
+    pub encode_s: f64,
+    /// GPU time of the replayed passes (0 without timestamp queries).
+    pub gpu_s: f64,
+    pub total_s: f64,
+    /// Until the submit returned / until the wait for the GPU returned.
+    pub submitted_s: f64,
+    pub waited_s: f64,
+}
+
+/// Whether decode steps use the recorded graph (default on; `ANYGPU_DECODE_GRAPH=0` turns it off).
+pub fn enabled() -> bool {
+    std::env::var("ANYGPU_DECODE_GRAPH").map(|v| v != "0").unwrap_or(true)
+}
+
+impl DecodeGraph {
+    /// Records the decode step of `model` on `cache` (whose length is left as it was).
+    pub fn build(model: &Llama, cache: &mut KvCache) -> Result<DecodeGraph> {
+        let ctx: Arc<GpuContext> =
+            model.device().gpu().ok_or_else(|| Error::mismatch("decode graph", "the model is not on a GPU"))?.clone();
+        let cap = cache.capacity();
+        if cap < 3 {
+            return Err(Error::shape("decode graph", "the context is too short to record a decode step"));
+        }
+        let ids = Tensor::zeros([1], DType::U32, model.device())?;
+        let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        let len = cache.len();
+        // Three distinct positions: two to fit the parameters, the last one to check the fit.
+        let positions = [0, 1, cap - 1];
+        let mut recs = Vec::with_capacity(positions.len());
+        let mut logits = None;
+        let mut result = Ok(());
+        for &p in &positions {
+            cache.set_len(p);
+            let recorded = ctx.record(|| {
+                let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
+                model.forward_embedded(x, cache, false)
+            });
+            match recorded {
+                Ok((out, rec)) => {
+                    logits.get_or_insert(out);
+                    recs.push((p as u32, rec));
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        cache.set_len(len);
+        result?;
+        let replay = Replay::new(&ctx, recs)?;
+        let logits = logits.ok_or_else(|| Error::gpu("decode graph", "nothing was recorded"))?;
+        let stats = DecodeStats { dispatches: replay.len(), ..Default::default() };
+        Ok(DecodeGraph { replay, ids, logits, model_id: model.id(), stats })
+    }
+
+    pub fn belongs_to(&self, model: &Llama) -> bool {
+        self.model_id == model.id()
+    }
+
+    /// GPU time per op of one decode step at the cache's position (see `Replay::profile`).
+    pub fn profile(&mut self, cache: &KvCache) -> Result<Option<Vec<(String, usize, f64)>>> {
+        self.replay.profile(cache.len().min(cache.capacity().saturating_sub(1)) as u32)
+    }
+
+    pub fn stats(&self) -> DecodeStats {
+        self.stats
+    }
+
+    /// Runs `token` at position `cache.len()` and returns the logits [V]; advances the cache.
+    pub fn step(&mut self, model: &Llama, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
+        model.check_room(cache, 1)?;
+        let n_vocab = model.config.n_vocab;
+        if token as usize >= n_vocab {
+            return Err(Error::Index { op: "token id", index: token as i64, len: n_vocab });
+        }
+        let pos = u32::try_from(cache.len()).map_err(|_| Error::shape("decode graph", "position exceeds u32"))?;
+        let idbuf = self.ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        let out = self.logits.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "logits not on the GPU"))?;
+        let bytes = self.replay.run(pos, &[(idbuf, &token.to_le_bytes())], out, (n_vocab * 4) as u64)?;
+        cache.advance(1);
+        let ReplayTimes { encode_s, gpu_s, total_s, submitted_s, waited_s } = self.replay.last_times();
+        self.stats.submitted_s += submitted_s;
+        self.stats.waited_s += waited_s;
+        self.stats.steps += 1;
+        self.stats.encode_s += encode_s;
+        self.stats.gpu_s += gpu_s.unwrap_or(0.0);
+        self.stats.total_s += total_s;
+        Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n_vocab * 4]).to_vec())
+    }
+}

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """PyTorch baseline for `anygpu bench embed`: sentences per second of sentence-transformers'
 all-MiniLM-L6-v2 (fp32) for BATCH sentences of exactly SEQ tokens ([CLS] + random word pieces +
-[SEP], no padding), like anygpu_models::bert::bench_embed.
+[SEP], no padding), like `anygpu bench embed` (anygpu_models::bert::bench_embed).
 
 Two figures: `model` (the encoder + pooling + normalisation on pre-tokenized ids, what
 bench_embed times) and `encode` (SentenceTransformer.encode on texts that tokenize to SEQ
 tokens: tokenization included).
 
-    .venv/bin/python scripts/reference/bench_minilm_torch.py --batch 16 --seq 128 --reps 5 [--device cuda]
-    MODEL_DIR=path/to/all-MiniLM-L6-v2 python3 scripts/reference/bench_minilm_torch.py --device cuda
+    .venv/bin/python scripts/reference/bench_minilm_torch.py --batch 64 --seq 128 --reps 5 --threads 2
+    MODEL_DIR=.dev/minilm-f16 python3 scripts/reference/bench_minilm_torch.py --device cuda   # an F16 copy works
+
+scripts/gpu/minilm_torch.py is the same forward in plain PyTorch, for machines without
+sentence-transformers; scripts/gpu/run_embed_bench.sh runs both beside `anygpu bench embed`.
 """
 
 import argparse
@@ -28,12 +31,19 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never reach the network
     import torch
     from sentence_transformers import SentenceTransformer
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = SentenceTransformer(MODEL, device=args.device)
+    # fp32 means fp32: no TF32 tensor-core products (PyTorch's default for matmul, said again).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:  # load straight in fp32 (transformers >= 4.56 calls it `dtype`)
+        model = SentenceTransformer(MODEL, device=args.device, model_kwargs={"dtype": torch.float32})
+    except (TypeError, ValueError):
+        model = SentenceTransformer(MODEL, device=args.device)
     model = model.float().eval()  # fp32 whatever the checkpoint's dtype
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, model.tokenizer.vocab_size, (args.batch, args.seq), generator=g)

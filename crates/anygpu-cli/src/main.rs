@@ -43,7 +43,8 @@ enum Command {
     Similarity(cmd::similarity::Args),
     /// Write a synthetic llama-shaped GGUF model (random weights) for benchmarks.
     Synth(cmd::synth::Args),
-    /// Benchmarks: `bench llm` (prefill/decode tokens per second), `bench ops` (kernels).
+    /// Benchmarks: `bench llm` (prefill/decode tokens per second), `bench ops` (kernels),
+    /// `bench embed` (sentence embeddings per second).
     #[command(subcommand)]
     Bench(BenchCommand),
 }
@@ -54,6 +55,8 @@ enum BenchCommand {
     Llm(cmd::bench_llm::Args),
     /// Time every kernel; GFLOP/s, GB/s and the fraction of the device's ceilings.
     Ops(cmd::bench_ops::Args),
+    /// Sentences per second of a BERT embedding model on a batch of fixed-length inputs.
+    Embed(cmd::bench_embed::Args),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
         Command::Similarity(args) => cmd::similarity::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Llm(args)) => cmd::bench_llm::run(cli.device.as_deref(), args),
         Command::Bench(BenchCommand::Ops(args)) => cmd::bench_ops::run(cli.device.as_deref(), args),
+        Command::Bench(BenchCommand::Embed(args)) => cmd::bench_embed::run(cli.device.as_deref(), args),
     };
     match result {
         Ok(code) => code,

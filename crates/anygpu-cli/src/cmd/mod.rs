@@ -1,5 +1,6 @@
 //! Subcommands, one file each, and the error type they share.
 
+pub mod bench_embed;
 pub mod bench_llm;
 pub mod bench_ops;
 pub mod chat;

@@ -6,13 +6,18 @@
 //! contiguous kernel; the strided kernel for any other view or broadcast. The contiguous binary
 //! kernels also take an operand broadcast along leading dims (a bias [C] against [T, C], a
 //! scalar) as `i % numel`, which is far cheaper than the strided kernel's per-dim divisions.
+//!
+//! CPU: the output is walked as rows after merging the dims that every operand has contiguous
+//! (`Walk`), so a same-shape op is one long row and a broadcast bias add is rows with inner
+//! strides (1, 1) or (1, 0): plain loops that vectorise. Large outputs are split into chunks
+//! run on rayon (`par_fill`); small ones stay on the calling thread.
 
 use rayon::prelude::*;
 
 use super::{broadcast_layout, broadcast_shape, expect_dtype, gpu_of, same_device, to_u32, Dims8, STRIDED_WGSL};
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, KernelSpec};
-use crate::tensor::{CpuStorage, DType, Layout, Shape, Tensor};
+use crate::tensor::{CpuStorage, DType, Shape, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
@@ -109,35 +114,237 @@ pub(crate) fn f32_data<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f32]>
     }
 }
 
-/// Storage index of every output element of `shape` for a view with `strides`/`offset`.
-fn strided_indices(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
-    let l = Layout { shape: Shape(shape.to_vec()), strides: strides.to_vec(), offset };
-    l.storage_indices().collect()
+// ---- CPU loops: row by row over merged dims, in parallel when large -----------------------
+
+/// Defines `fn name(args)` that runs its body compiled for AVX-512F, AVX2 or the baseline
+/// (SSE2 on x86-64), whichever this CPU has. The arithmetic is the same (Rust never fuses a
+/// multiply and an add on its own), so the results are too, only the vector width differs
+/// (16, 8 or 4 f32 lanes). For loops written to vectorise: every call inside the body must be
+/// `#[inline(always)]` to be compiled for the wider target too.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked just above).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// Elements below which a CPU elementwise op stays on the calling thread: a rayon fork/join
+/// costs microseconds, about what 30,000 f32 additions take.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+
+/// Fills `out` by `f(start, chunk)` (chunk = out[start..start + len]), in parallel chunks of at
+/// least PAR_MIN / 2 elements when `out` is large, on the calling thread otherwise.
+pub(crate) fn par_fill(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    let n = out.len();
+    let threads = rayon::current_num_threads();
+    if n < PAR_MIN || threads == 1 {
+        f(0, out);
+        return;
+    }
+    // A few chunks per thread balance the load; multiples of 64 keep vector loops aligned.
+    let chunk = n.div_ceil(threads * 4).max(PAR_MIN / 2).next_multiple_of(64);
+    out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i * chunk, o));
+}
+
+/// An output shape walked as rows, with the storage strides and offset of each of K operands.
+/// Dims of size 1 are dropped and neighbouring dims merged where every operand is contiguous
+/// across them, so a same-shape op on contiguous data is one long row and a bias add
+/// [T, C] + [C] is T rows of C (inner strides 1 and 1), and `pos [T, C] + words [B, T, C]`
+/// B rows of T*C.
+struct Walk<const K: usize> {
+    dims: Vec<usize>,
+    strides: [Vec<usize>; K],
+    offs: [usize; K],
+}
+
+impl<const K: usize> Walk<K> {
+    fn new(shape: &[usize], strides: [&[usize]; K], offs: [usize; K]) -> Walk<K> {
+        let mut dims: Vec<usize> = Vec::new();
+        let mut st: [Vec<usize>; K] = std::array::from_fn(|_| Vec::new());
+        for (i, &d) in shape.iter().enumerate() {
+            if d == 1 {
+                continue;
+            }
+            if let Some(last) = dims.last_mut() {
+                if (0..K).all(|k| st[k].last() == Some(&(strides[k][i] * d))) {
+                    *last *= d;
+                    for k in 0..K {
+                        if let Some(s) = st[k].last_mut() {
+                            *s = strides[k][i];
+                        }
+                    }
+                    continue;
+                }
+            }
+            dims.push(d);
+            for k in 0..K {
+                st[k].push(strides[k][i]);
+            }
+        }
+        if dims.is_empty() {
+            dims.push(1);
+            for s in st.iter_mut() {
+                s.push(0);
+            }
+        }
+        Walk { dims, strides: st, offs }
+    }
+
+    /// The inner (last-dim) stride of each operand.
+    fn inner(&self) -> [usize; K] {
+        std::array::from_fn(|k| self.strides[k][self.dims.len() - 1])
+    }
+
+    /// Calls `seg(pos, len, bases)` for the pieces of output elements [start, end) that lie in
+    /// one row: output pos..pos+len reads operand k at bases[k] + j * inner[k].
+    fn segments(&self, start: usize, end: usize, mut seg: impl FnMut(usize, usize, [usize; K])) {
+        let r = self.dims.len();
+        let last = self.dims[r - 1];
+        let inner = self.inner();
+        let mut pos = start;
+        while pos < end {
+            let (mut row, col) = (pos / last, pos % last);
+            let len = (last - col).min(end - pos);
+            let mut bases: [usize; K] = std::array::from_fn(|k| self.offs[k] + col * inner[k]);
+            for d in (0..r - 1).rev() {
+                let i = row % self.dims[d];
+                row /= self.dims[d];
+                for (k, b) in bases.iter_mut().enumerate() {
+                    *b += i * self.strides[k][d];
+                }
+            }
+            seg(pos, len, bases);
+            pos += len;
+        }
+    }
+}
+
+/// `f(src, dst)` over every element of `x` (whose storage is `v`), in parallel chunks when
+/// large; a strided view is gathered chunk by chunk first. The row-major result.
+pub(crate) fn cpu_map(x: &Tensor, v: &[f32], f: impl Fn(&[f32], &mut [f32]) + Sync) -> Vec<f32> {
+    let n = x.numel();
+    let mut out = vec![0f32; n];
+    let l = x.layout();
+    if x.is_contiguous() {
+        let src = &v[l.offset..l.offset + n];
+        par_fill(&mut out, |start, o| f(&src[start..start + o.len()], o));
+    } else {
+        let walk = Walk::new(l.dims(), [&l.strides], [l.offset]);
+        let [inner] = walk.inner();
+        par_fill(&mut out, |start, o| {
+            let mut tmp = Vec::with_capacity(o.len());
+            walk.segments(start, start + o.len(), |_, len, [base]| {
+                tmp.extend((0..len).map(|j| v[base + j * inner]));
+            });
+            f(&tmp, o);
+        });
+    }
+    out
+}
+
+/// One row piece of a binary op: `o[j] = f(a[ia + j*sa], b[ib + j*sb])`, with the common
+/// stride pairs written out so that they vectorise.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn binary_row(
+    f: impl Fn(f32, f32) -> f32,
+    a: &[f32],
+    ia: usize,
+    sa: usize,
+    b: &[f32],
+    ib: usize,
+    sb: usize,
+    o: &mut [f32],
+) {
+    let n = o.len();
+    match (sa, sb) {
+        (1, 1) => {
+            for ((o, &x), &y) in o.iter_mut().zip(&a[ia..ia + n]).zip(&b[ib..ib + n]) {
+                *o = f(x, y);
+            }
+        }
+        (1, 0) => {
+            let y = b[ib];
+            for (o, &x) in o.iter_mut().zip(&a[ia..ia + n]) {
+                *o = f(x, y);
+            }
+        }
+        (0, 1) => {
+            let x = a[ia];
+            for (o, &y) in o.iter_mut().zip(&b[ib..ib + n]) {
+                *o = f(x, y);
+            }
+        }
+        _ => {
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = f(a[ia + j * sa], b[ib + j * sb]);
+            }
+        }
+    }
+}
+
+fn binary_walk(f: impl Fn(f32, f32) -> f32 + Sync + Copy, walk: &Walk<2>, va: &[f32], vb: &[f32], out: &mut [f32]) {
+    let [sa, sb] = walk.inner();
+    par_fill(out, |start, o| {
+        walk.segments(start, start + o.len(), |pos, len, [ia, ib]| {
+            binary_row(f, va, ia, sa, vb, ib, sb, &mut o[pos - start..pos - start + len]);
+        });
+    });
 }
 
 pub fn cpu_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
     let (va, vb) = (f32_data(name, a)?, f32_data(name, b)?);
     let shape = broadcast_shape(name, a.dims(), b.dims())?;
-    let out: Vec<f32> = if a.dims() == b.dims() && a.is_contiguous() && b.is_contiguous() {
-        let (oa, ob) = (a.layout().offset, b.layout().offset);
-        let n = a.numel();
-        va[oa..oa + n].par_iter().zip(&vb[ob..ob + n]).map(|(&x, &y)| op.apply(x, y)).collect()
-    } else {
-        let sa = broadcast_layout(name, a.layout(), &shape)?;
-        let sb = broadcast_layout(name, b.layout(), &shape)?;
-        strided_indices(&shape, &sa, a.layout().offset)
-            .into_iter()
-            .zip(strided_indices(&shape, &sb, b.layout().offset))
-            .map(|(i, j)| op.apply(va[i], vb[j]))
-            .collect()
-    };
+    let sa = broadcast_layout(name, a.layout(), &shape)?;
+    let sb = broadcast_layout(name, b.layout(), &shape)?;
+    let walk = Walk::new(&shape, [&sa, &sb], [a.layout().offset, b.layout().offset]);
+    let mut out = vec![0f32; shape.iter().product()];
+    // One instance per op, so that each inner loop is straight arithmetic.
+    let o = &mut out;
+    match op {
+        BinaryOp::Add => binary_walk(|x, y| x + y, &walk, va, vb, o),
+        BinaryOp::Sub => binary_walk(|x, y| x - y, &walk, va, vb, o),
+        BinaryOp::Mul => binary_walk(|x, y| x * y, &walk, va, vb, o),
+        BinaryOp::Div => binary_walk(|x, y| x / y, &walk, va, vb, o),
+        BinaryOp::Maximum => binary_walk(f32::max, &walk, va, vb, o),
+        BinaryOp::Minimum => binary_walk(f32::min, &walk, va, vb, o),
+        _ => binary_walk(|x, y| op.apply(x, y), &walk, va, vb, o),
+    }
     Ok(Tensor::cpu(CpuStorage::F32(out), Shape(shape)))
 }
 
 pub fn cpu_affine(x: &Tensor, mul: f32, add: f32) -> Result<Tensor> {
     let v = f32_data("affine", x)?;
-    let out: Vec<f32> = x.layout().storage_indices().map(|i| v[i] * mul + add).collect();
+    let out = cpu_map(x, v, |src, dst| {
+        for (o, &e) in dst.iter_mut().zip(src) {
+            *o = e * mul + add;
+        }
+    });
     Ok(Tensor::cpu(CpuStorage::F32(out), x.shape().clone()))
 }
 
@@ -157,12 +364,19 @@ fn where_shape(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Vec<usize>> {
 pub fn cpu_where(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (vc, va, vb) = (f32_data("where", cond)?, f32_data("where", a)?, f32_data("where", b)?);
     let shape = where_shape(cond, a, b)?;
-    let idx = |t: &Tensor| -> Result<Vec<usize>> {
-        Ok(strided_indices(&shape, &broadcast_layout("where", t.layout(), &shape)?, t.layout().offset))
-    };
-    let (ic, ia, ib) = (idx(cond)?, idx(a)?, idx(b)?);
-    let out: Vec<f32> =
-        (0..ic.len()).into_par_iter().map(|k| if vc[ic[k]] != 0.0 { va[ia[k]] } else { vb[ib[k]] }).collect();
+    let st = |t: &Tensor| broadcast_layout("where", t.layout(), &shape);
+    let (sc, sa, sb) = (st(cond)?, st(a)?, st(b)?);
+    let offs = [cond.layout().offset, a.layout().offset, b.layout().offset];
+    let walk = Walk::new(&shape, [&sc, &sa, &sb], offs);
+    let [ic, ia, ib] = walk.inner();
+    let mut out = vec![0f32; shape.iter().product()];
+    par_fill(&mut out, |start, o| {
+        walk.segments(start, start + o.len(), |pos, len, [bc, ba, bb]| {
+            for (j, o) in o[pos - start..pos - start + len].iter_mut().enumerate() {
+                *o = if vc[bc + j * ic] != 0.0 { va[ba + j * ia] } else { vb[bb + j * ib] };
+            }
+        });
+    });
     Ok(Tensor::cpu(CpuStorage::F32(out), Shape(shape)))
 }
 
@@ -443,5 +657,82 @@ impl Tensor {
     }
     pub fn scale(&self, s: f32) -> Result<Tensor> {
         self.affine(s, 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The CPU loops (merged dims, row pieces, parallel chunks) against a plain element-by-element
+    //! walk of the same views, at sizes past PAR_MIN so that the parallel path runs, with
+    //! broadcast, transposed and offset operands.
+    use super::{BinaryOp, PAR_MIN};
+    use crate::ops::{broadcast_layout, broadcast_shape};
+    use crate::tensor::{Layout, Shape};
+    use crate::testing::rand_vec;
+    use crate::{Device, Result, Tensor};
+
+    fn t(seed: u64, dims: &[usize]) -> Tensor {
+        let n = dims.iter().product();
+        Tensor::from_vec(rand_vec(seed, n), dims, &Device::Cpu).expect("tensor")
+    }
+
+    /// Storage index of every element of `shape` for a view with `strides` and `offset`.
+    fn indices(shape: &[usize], strides: Vec<usize>, offset: usize) -> Vec<usize> {
+        Layout { shape: Shape(shape.to_vec()), strides, offset }.storage_indices().collect()
+    }
+
+    fn naive_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<f32>> {
+        let shape = broadcast_shape("t", a.dims(), b.dims())?;
+        let (va, vb) = (a.to_device(&Device::Cpu)?, b.to_device(&Device::Cpu)?);
+        let (da, db) = (super::f32_data("t", &va)?, super::f32_data("t", &vb)?);
+        let ia = indices(&shape, broadcast_layout("t", a.layout(), &shape)?, a.layout().offset);
+        let ib = indices(&shape, broadcast_layout("t", b.layout(), &shape)?, b.layout().offset);
+        Ok(ia.iter().zip(&ib).map(|(&i, &j)| op.apply(da[i], db[j])).collect())
+    }
+
+    #[test]
+    fn binary_loops_match_element_walk() -> Result<()> {
+        let cases: Vec<(Tensor, Tensor)> = vec![
+            (t(1, &[3, 200, 70]), t(2, &[3, 200, 70])),               // one long row
+            (t(3, &[3, 200, 70]), t(4, &[70])),                       // bias: (1, 0)... rows
+            (t(5, &[3, 200, 70]), t(6, &[200, 1])),                   // column broadcast
+            (t(7, &[1, 200, 1]), t(8, &[300, 1, 70])),                // both broadcast
+            (t(9, &[300, 200]).transpose(0, 1)?, t(10, &[200, 300])), // transposed operand
+            (t(11, &[7]).narrow(0, 3, 1)?, t(12, &[250, 170])),       // scalar view at an offset
+            (t(13, &[500, 90]).narrow(1, 5, 80)?, t(14, &[500, 1])),  // rows with a gap
+            (t(15, &[2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]), t(16, &[2])), // rank 16, rows of 2
+        ];
+        for (i, (a, b)) in cases.iter().enumerate() {
+            let n: usize = broadcast_shape("t", a.dims(), b.dims())?.iter().product();
+            assert!(n >= PAR_MIN, "case {i} is too small to run in parallel");
+            for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Lt] {
+                let got = a.binary(op, b)?.to_vec_f32()?;
+                assert_eq!(got, naive_binary(op, a, b)?, "case {i} {op:?}");
+                let got = b.binary(op, a)?.to_vec_f32()?;
+                assert_eq!(got, naive_binary(op, b, a)?, "case {i} {op:?} swapped");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn strided_unary_affine_and_where_match_element_walk() -> Result<()> {
+        let x = t(20, &[300, 211]).transpose(0, 1)?.narrow(0, 3, 200)?;
+        let v = x.contiguous()?.to_vec_f32()?;
+        let want: Vec<f32> = v.iter().map(|&e| e * 0.5 - 2.0).collect();
+        assert_eq!(x.affine(0.5, -2.0)?.to_vec_f32()?, want);
+        let want: Vec<f32> = v.iter().map(|&e| crate::ops::unary::gelu_erf_f32(e)).collect();
+        assert_eq!(x.gelu()?.to_vec_f32()?, want);
+        let want: Vec<f32> = v.iter().map(|&e| e.exp()).collect();
+        let got = x.exp()?.to_vec_f32()?;
+        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs()));
+
+        let cond = t(21, &[200, 1]).gt(&Tensor::from_vec(vec![0.0f32], [1], &Device::Cpu)?)?;
+        let (a, b) = (t(22, &[300, 200]).transpose(0, 1)?, t(23, &[300]));
+        let got = cond.where_cond(&a, &b)?.to_vec_f32()?;
+        let (c, av, bv) = (cond.to_vec_f32()?, a.contiguous()?.to_vec_f32()?, b.to_vec_f32()?);
+        let want: Vec<f32> = (0..200 * 300).map(|k| if c[k / 300] != 0.0 { av[k] } else { bv[k % 300] }).collect();
+        assert_eq!(got, want);
+        Ok(())
     }
 }

@@ -159,30 +159,44 @@ fn load_tokenizer(path: &Path, max_len: usize) -> Result<Tokenizer> {
 /// back of the vectors) for `batch` sentences of exactly `seq` tokens ([CLS], random word
 /// pieces, [SEP]; no padding), the mean over `reps` timed runs after one untimed warm-up.
 pub fn bench_embed(model: &SentenceEmbedder, batch: usize, seq: usize, reps: usize) -> Result<f64> {
-    let seq = seq.clamp(2, model.max_len);
+    let secs = bench_embed_runs(model, batch, seq, reps)?;
+    Ok((batch.max(1) * secs.len()) as f64 / secs.iter().sum::<f64>())
+}
+
+/// The ids [`bench_embed`] embeds: `batch` sequences of `seq` tokens (clamped to 2..=max_len),
+/// [CLS], word pieces from a fixed LCG (ids from 1000 up: no [PAD], [unusedN], [CLS] ...), [SEP].
+/// scripts/gpu/minilm_torch.py draws its own ids; the speed does not depend on which.
+pub fn bench_ids(model: &SentenceEmbedder, batch: usize, seq: usize) -> Vec<Vec<u32>> {
+    let seq = seq.clamp(2, model.max_len.max(2));
     let vocab = model.model.config.vocab_size as u64;
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        // Ordinary word pieces: skip the first 1000 ids ([PAD], [unusedN], [CLS] ...).
         (1000 + (s >> 33) % (vocab.saturating_sub(1000).max(1))) as u32
     };
     let special = |name: &str, default: u32| model.tokenizer.token_to_id(name).unwrap_or(default);
     let (cls, sep) = (special("[CLS]", 101), special("[SEP]", 102));
-    let seqs: Vec<Vec<u32>> = (0..batch.max(1))
+    (0..batch.max(1))
         .map(|_| {
             let mut v: Vec<u32> = (0..seq).map(|_| next()).collect();
             v[0] = cls;
             v[seq - 1] = sep;
             v
         })
-        .collect();
+        .collect()
+}
+
+/// Seconds of each of `reps` timed runs of [`bench_embed`]'s batch, after one untimed warm-up
+/// (which also compiles a GPU's pipelines). Each run ends with the vectors on the host.
+pub fn bench_embed_runs(model: &SentenceEmbedder, batch: usize, seq: usize, reps: usize) -> Result<Vec<f64>> {
+    let seqs = bench_ids(model, batch, seq);
     let refs: Vec<&[u32]> = seqs.iter().map(|v| v.as_slice()).collect();
     model.embed_ids(&refs)?;
-    let reps = reps.max(1);
-    let t0 = Instant::now();
-    for _ in 0..reps {
-        model.embed_ids(&refs)?;
-    }
-    Ok((batch.max(1) * reps) as f64 / t0.elapsed().as_secs_f64())
+    (0..reps.max(1))
+        .map(|_| {
+            let t0 = Instant::now();
+            model.embed_ids(&refs)?;
+            Ok(t0.elapsed().as_secs_f64())
+        })
+        .collect()
 }

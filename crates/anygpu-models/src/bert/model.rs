@@ -15,12 +15,12 @@
 //!
 //! Attention: on a GPU, when every sentence of the batch has the same length (no padding),
 //! the fused attention op reads Q, K and V in place from the QKV product. Otherwise scores
-//! are a batched product [B·H, T, D] x [B·H, D, T], plus an additive mask (0, or -1e9 on padded
-//! keys), softmax, and a product with V. The mask is [B, 1, 1, T] broadcast on a GPU; on the
-//! CPU it is materialised as [B, H, T, T], since same-shape adds take the CPU backend's fast
-//! (parallel, contiguous) path and broadcasting ones do not (43 ms vs ~5 ms per layer at
-//! 16 x 128 tokens). The CPU also always takes the explicit path: its fused attention op is a
-//! per-row reference loop (335 ms per layer at 16 x 128, against ~100 ms explicit).
+//! are a batched product [B·H, T, D] x [B·H, D, T], plus an additive mask [B, 1, 1, T] (0, or
+//! -1e9 on padded keys) broadcast over heads and queries, softmax, and a product with V.
+//! The CPU always takes the explicit path (its fused attention op is a per-row reference
+//! loop, 3x slower), one sentence at a time: per sentence Q, K and V are [H, T, D] views of
+//! the QKV product with a single batch stride, which the CPU matmul reads in place, so the
+//! [B, H, T, D] copy of Q, K and V that a whole-batch product needs is never made.
 
 use std::path::Path;
 
@@ -76,6 +76,9 @@ pub struct BertModel {
     act: UnaryOp,
     eps: f32,
     pub attention_path: AttentionPath,
+    /// The checkpoint's float type (`F32`, `F16`, `BF16`: the word embeddings' dtype); the
+    /// weights are f32 in memory whatever it is.
+    pub checkpoint_dtype: String,
 }
 
 /// One padded batch of token ids, row-major [B, T]; `lengths[b]` real tokens in row b.
@@ -158,6 +161,10 @@ impl BertModel {
             _ => UnaryOp::GeluTanh,
         };
         let eps = config.layer_norm_eps as f32;
+        let checkpoint_dtype = file
+            .meta(&format!("{prefix}embeddings.word_embeddings.weight"))
+            .map(|m| format!("{:?}", m.dtype))
+            .unwrap_or_default();
         let model = BertModel {
             word_emb: up(word_emb)?,
             pos_type0: up(pos_type0)?,
@@ -171,6 +178,7 @@ impl BertModel {
             device: device.clone(),
             config,
             attention_path: AttentionPath::Auto,
+            checkpoint_dtype,
         };
         device.sync()?;
         Ok(model)
@@ -239,33 +247,32 @@ impl BertModel {
         };
         let mut x = x.reshape([b * t, c])?.layer_norm(Some(&self.emb_ln_w), Some(&self.emb_ln_b), self.eps)?;
 
-        // ---- attention mask ----
+        // ---- attention mask: [B, 1, 1, T], 0 or MASKED on padded keys, broadcast ----
         let padded = batch.lengths.iter().any(|&l| l != t);
         let on_cpu = matches!(dev, Device::Cpu);
         let fused = !padded && !on_cpu && self.attention_path == AttentionPath::Auto;
-        let mask = if !padded {
-            None
-        } else if on_cpu {
-            let mut m = vec![0f32; b * h * t * t];
-            for (rows, &len) in m.chunks_mut(h * t * t).zip(batch.lengths) {
-                for row in rows.chunks_mut(t) {
-                    row[len..].fill(MASKED);
-                }
-            }
-            Some(Tensor::from_vec(m, [b, h, t, t], dev)?)
-        } else {
+        let mask = if padded {
             let mut m = vec![0f32; b * t];
             for (row, &len) in m.chunks_mut(t).zip(batch.lengths) {
                 row[len..].fill(MASKED);
             }
             Some(Tensor::from_vec(m, [b, 1, 1, t], dev)?)
+        } else {
+            None
         };
         // The scale 1/sqrt(D) is folded into the query weights.
         let opts = AttentionOpts { scale: 1.0, causal: false };
 
         for l in &self.layers {
             let qkv = x.matmul_bias(&l.w_qkv, &l.b_qkv)?; // [B·T, 3C]
-            let ctx = if !fused {
+            let ctx = if fused {
+                // Q, K, V read in place: [B, 3H, T, D] views of the product.
+                let qkv = qkv.reshape([b, t, 3 * h, d])?.permute(&[0, 2, 1, 3])?;
+                let (q, k, v) = (qkv.narrow(1, 0, h)?, qkv.narrow(1, h, h)?, qkv.narrow(1, 2 * h, h)?);
+                q.attention(&k, &v, &opts)? // [B, H, T, D]
+            } else if on_cpu {
+                self.attention_per_sentence(&qkv, mask.as_ref(), b, t)?
+            } else {
                 // One copy puts Q, K, V each in [B, H, T, D] order.
                 let qkv = qkv.reshape([b, t, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?.contiguous()?;
                 let part = |i: usize| qkv.narrow(0, i, 1)?.reshape([b * h, t, d]);
@@ -276,11 +283,6 @@ impl BertModel {
                 }
                 let probs = scores.softmax(Default::default())?;
                 probs.matmul(&v)?.reshape([b, h, t, d])?
-            } else {
-                // Q, K, V read in place: [B, 3H, T, D] views of the product.
-                let qkv = qkv.reshape([b, t, 3 * h, d])?.permute(&[0, 2, 1, 3])?;
-                let (q, k, v) = (qkv.narrow(1, 0, h)?, qkv.narrow(1, h, h)?, qkv.narrow(1, 2 * h, h)?);
-                q.attention(&k, &v, &opts)? // [B, H, T, D]
             };
             let ctx = ctx.permute(&[0, 2, 1, 3])?.reshape([b * t, c])?;
             let attn = ctx.matmul_bias(&l.w_o, &l.b_o)?;
@@ -290,6 +292,28 @@ impl BertModel {
             x = out.add(&x)?.layer_norm(Some(&l.ln2_w), Some(&l.ln2_b), self.eps)?;
         }
         x.reshape([b, t, c])
+    }
+
+    /// Explicit attention one sentence at a time, reading Q, K and V in place from the QKV
+    /// product (the CPU path): per sentence, Q is an [H, T, D] view with strides [D, 3C, 1],
+    /// one batch stride, which the CPU matmul takes as it is, so no [B, H, T, D] copy of Q, K
+    /// and V is made (that copy was 4% of a forward pass). Returns [B, H, T, D].
+    fn attention_per_sentence(&self, qkv: &Tensor, mask: Option<&Tensor>, b: usize, t: usize) -> Result<Tensor> {
+        let (h, d) = (self.config.num_attention_heads, self.config.head_dim());
+        // [3, B, H, T, D], a view; narrowing keeps unit dims, so a sentence's Q is [1, 1, H, T, D].
+        let qkv = qkv.reshape([b, t, 3, h, d])?.permute(&[2, 0, 3, 1, 4])?;
+        let mut outs = Vec::with_capacity(b);
+        for i in 0..b {
+            let s = qkv.narrow(1, i, 1)?; // [3, 1, H, T, D]
+            let (q, k, v) = (s.narrow(0, 0, 1)?, s.narrow(0, 1, 1)?, s.narrow(0, 2, 1)?);
+            let mut scores = q.matmul(&k.transpose(3, 4)?)?; // [1, 1, H, T, T]
+            if let Some(mask) = mask {
+                scores = scores.add(&mask.narrow(0, i, 1)?.reshape([1, 1, 1, 1, t])?)?;
+            }
+            outs.push(scores.softmax(Default::default())?.matmul(&v)?); // [1, 1, H, T, D]
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        Tensor::concat(&refs, 1)?.reshape([b, h, t, d])
     }
 
     /// Bytes of f32 weights on the device.

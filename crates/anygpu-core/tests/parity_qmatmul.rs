@@ -254,22 +254,29 @@ fn row_sliced_bindings_match() {
 /// The fused products (quant/fused.rs): row stacks, `qmatmul_add` (residual epilogue),
 /// `qmatmul_glu` (SwiGLU epilogue) and the RMSNorm prologue (`qmatmul_rms`, `qmatmul_glu_rms`), on the fused matvec path (n <= MATVEC_MAX_N), the unfused
 /// path (n = 17) and, for GLU, a binding limit that forces the unfused path; against the CPU's
-/// composition of plain products. Odd row counts; Q4_0 with 18-byte blocks stacks at offsets
+/// composition of plain products. Odd row counts; Q4_0 with 18-byte blocks stacks parts at offsets
 /// that are not multiples of 4 when a part has an odd number of blocks.
 #[test]
 fn fused_products_match_composition() {
     let _turn = one_at_a_time();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
-        let cols = if ty.block_size() == 256 { 256 } else { 32 * 3 };
+        // Odd rows for the float types: the RMSNorm prologue stages them by element.
+        let cols = if ty.block_size() == 256 {
+            256
+        } else if ty.is_quantized() {
+            32 * 3
+        } else {
+            97
+        };
         let (f, rq, rk) = (13usize, 9usize, 5usize);
         let wg = random_weights(51, ty, f, cols);
         let wu = random_weights(52, ty, f, cols);
         let (bq, bk) = (random_weights(53, ty, rq, cols), random_weights(54, ty, rk, cols));
         let atol = 4.0 * atol_for(ty, &wg, f, cols).max(atol_for(ty, &wu, f, cols)) + 1e-5;
         parity(&format!("fused {ty}"), atol, 1e-4, |d| {
-            let q = |b: &Vec<u8>, r| QTensor::from_vec(ty, r, cols, b.clone(), d);
-            let gate_up = QTensor::concat_rows(&[&q(&wg, f)?, &q(&wu, f)?])?;
-            let qk = QTensor::concat_rows(&[&q(&bq, rq)?, &q(&bk, rk)?])?;
+            let q = |b: &Vec<u8>, r| QTensor::from_vec(ty, r, cols, b.clone(), &Device::Cpu);
+            let gate_up = QTensor::stack_rows(&[&q(&wg, f)?, &q(&wu, f)?], d)?;
+            let qk = QTensor::stack_rows(&[&q(&bq, rq)?, &q(&bk, rk)?], d)?;
             assert_eq!((gate_up.rows(), qk.rows()), (2 * f, rq + rk));
             let mut all = Vec::new();
             for n in [1usize, 3, 17] {
@@ -299,12 +306,13 @@ fn fused_products_match_composition() {
     let (wg, wu) = (random_weights(55, GgmlType::Q8_0, 5, cols), random_weights(56, GgmlType::Q8_0, 5, cols));
     let atol = 4.0 * atol_for(GgmlType::Q8_0, &wg, 5, cols).max(atol_for(GgmlType::Q8_0, &wu, 5, cols));
     parity("fused wide rows", atol, 1e-4, |d| {
-        let q = |b: &Vec<u8>| QTensor::from_vec(GgmlType::Q8_0, 5, cols, b.clone(), d);
-        let gate_up = QTensor::concat_rows(&[&q(&wg)?, &q(&wu)?])?;
+        let q = |b: &Vec<u8>| QTensor::from_vec(GgmlType::Q8_0, 5, cols, b.clone(), &Device::Cpu);
+        let gate_up = QTensor::stack_rows(&[&q(&wg)?, &q(&wu)?], d)?;
         let g = Tensor::from_vec(rand_vec(81, cols), [cols], &Device::Cpu)?.to_device(d)?;
         let x = upload_x(82, 2, cols, d)?;
         let mut all = gate_up.qmatmul_glu_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?;
-        all.extend(q(&wg)?.qmatmul_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?);
+        let wg_on = QTensor::from_vec(GgmlType::Q8_0, 5, cols, wg.clone(), d)?;
+        all.extend(wg_on.qmatmul_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?);
         Ok(all)
     });
     parity_err("qmatmul_add wrong residual", "does not match", |d| {
@@ -315,11 +323,17 @@ fn fused_products_match_composition() {
         QTensor::from_vec(GgmlType::Q8_0, 7, 64, random_weights(6, GgmlType::Q8_0, 7, 64), d)?
             .qmatmul_glu(&upload_x(1, 1, 64, d)?)
     });
-    parity_err("concat_rows mixed types", "cannot stack", |d| {
-        let a = QTensor::from_vec(GgmlType::Q8_0, 2, 64, random_weights(7, GgmlType::Q8_0, 2, 64), d)?;
-        let b = QTensor::from_vec(GgmlType::Q4_0, 2, 64, random_weights(8, GgmlType::Q4_0, 2, 64), d)?;
-        QTensor::concat_rows(&[&a, &b])
+    parity_err("stack_rows mixed types", "cannot stack", |d| {
+        let a = QTensor::from_vec(GgmlType::Q8_0, 2, 64, random_weights(7, GgmlType::Q8_0, 2, 64), &Device::Cpu)?;
+        let b = QTensor::from_vec(GgmlType::Q4_0, 2, 64, random_weights(8, GgmlType::Q4_0, 2, 64), &Device::Cpu)?;
+        QTensor::stack_rows(&[&a, &b], d)
     });
+    // Parts already on a GPU are refused: stacking reads host bytes.
+    for d in gpu_devices() {
+        let a = QTensor::from_vec(GgmlType::Q8_0, 2, 64, random_weights(7, GgmlType::Q8_0, 2, 64), d).unwrap();
+        let err = QTensor::stack_rows(&[&a, &a], d).expect_err("device parts").to_string();
+        assert!(err.contains("host matrices"), "{err}");
+    }
 }
 
 /// Per call of `f` (after warm-up), in µs: the host time recording `iters` calls, and the GPU

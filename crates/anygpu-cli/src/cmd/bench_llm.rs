@@ -135,8 +135,7 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     }
     if let Some((bytes, reserved)) = lm.model.device().gpu().and_then(|g| g.memory_use()) {
         let file = std::fs::metadata(&args.model.model).map(|m| m.len()).unwrap_or(0);
-        let c = &lm.model.config;
-        let kv = 2 * c.n_layer * c.n_head_kv * c.head_dim * 4 * margs.ctx_size.unwrap_or(1);
+        let kv = anygpu_models::llama::KvCache::bytes_for(&lm.model.config, margs.ctx_size.unwrap_or(1));
         eprintln!(
             "anygpu: GPU memory allocated: {} MiB in {} MiB of blocks (file {} MiB, a {}-position KV cache {} MiB; pooled buffers included)",
             bytes >> 20,

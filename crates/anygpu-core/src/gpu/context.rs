@@ -3,7 +3,6 @@
 //! result (read-back or `sync`).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::kernel::{KernelSpec, PipelineCache, PipelineKey};
@@ -28,10 +27,9 @@ pub struct GpuContext {
     error: Arc<Mutex<Option<String>>>,
     /// Set once the device is lost; every later call fails with it.
     lost: Arc<Mutex<Option<String>>>,
-    /// True while [`GpuContext::record`] runs (on some thread; see `recording_here`).
-    recording: AtomicBool,
     /// Held for the whole of a recording: threads that record on one device take turns.
     record_turn: Mutex<()>,
+    /// Buffers the recording thread freed while recording (see `GpuBuffer`'s drop).
     recorded_drops: Mutex<Vec<wgpu::Buffer>>,
 }
 
@@ -112,7 +110,7 @@ impl Drop for GpuBuffer {
         if let Some(b) = self.buffer.take() {
             // Freed by the recording thread while it records: a recorded dispatch may bind it,
             // so it is parked with the recording instead of going back to the pool.
-            if self.ctx.recording.load(Ordering::Acquire) && self.ctx.recording_here() {
+            if self.ctx.recording_here() {
                 if let Ok(mut parked) = self.ctx.recorded_drops.lock() {
                     parked.push(b);
                     return;
@@ -205,7 +203,6 @@ impl GpuContext {
             pending: Mutex::new(Pending::default()),
             error,
             lost,
-            recording: AtomicBool::new(false),
             record_turn: Mutex::new(()),
             recorded_drops: Mutex::new(Vec::new()),
         })
@@ -350,26 +347,6 @@ impl GpuContext {
         }
         drop(pending);
         self.check("upload")
-    }
-
-    /// Copies `len` bytes (a multiple of 4) from `src` at `src_off` to `dst` at `dst_off`, in
-    /// order with the recorded work.
-    pub fn copy_buffer(&self, src: &GpuBuffer, src_off: u64, dst: &GpuBuffer, dst_off: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        if !len.is_multiple_of(4) || !src_off.is_multiple_of(4) || !dst_off.is_multiple_of(4) {
-            return Err(Error::gpu("copy", "buffer copies must be 4-byte aligned"));
-        }
-        let mut pending = self.lock("copy")?;
-        if self.recording_here() {
-            return Err(Error::gpu("copy", "a buffer copy cannot be recorded for replay"));
-        }
-        let enc = self.encoder_for_commands(&mut pending);
-        enc.copy_buffer_to_buffer(src.buffer(), src_off, dst.buffer(), dst_off, len);
-        pending.commands += 1;
-        drop(pending);
-        self.check("copy")
     }
 
     /// A new buffer holding `bytes`, zero-padded to a multiple of `align`, written through a
@@ -590,18 +567,17 @@ impl GpuContext {
         {
             let mut pending = self.lock("record")?;
             if pending.recording.is_some() {
-                return Err(Error::gpu("record", "another thread is recording on this device"));
+                // Only after a recording that panicked: the turn above serialises the others.
+                return Err(Error::gpu("record", "an earlier recording on this device did not finish"));
             }
             self.submit_locked(&mut pending);
             pending.recording = Some(Recording::default());
             RECORDING_ON.with(|r| r.set(self as *const GpuContext as usize));
-            self.recording.store(true, Ordering::Release);
         }
         let out = f();
         let mut rec = {
             let mut pending = self.lock("record")?;
             RECORDING_ON.with(|r| r.set(0));
-            self.recording.store(false, Ordering::Release);
             pending.recording.take().unwrap_or_default()
         };
         if let Ok(mut parked) = self.recorded_drops.lock() {

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 
 /// One recorded dispatch: everything needed to issue it again.
 pub(crate) struct Recorded {
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: wgpu::ComputePipeline,
     op: String,
     params: Vec<u8>,
     /// (buffer, offset, size) of bindings 1, 2, ...
@@ -42,13 +42,7 @@ impl Recorded {
                 Bind::Slice(buf, off, size) => ((*buf).clone(), *off, (*size).max(4).next_multiple_of(4)),
             })
             .collect();
-        Recorded {
-            pipeline: Arc::new(pipeline.clone()),
-            op: op.to_string(),
-            params: params.to_vec(),
-            binds,
-            workgroups,
-        }
+        Recorded { pipeline: pipeline.clone(), op: op.to_string(), params: params.to_vec(), binds, workgroups }
     }
 }
 
@@ -86,7 +80,7 @@ struct Patch {
 
 struct Step {
     op: String,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     workgroups: [u32; 3],
 }
@@ -165,7 +159,7 @@ impl Replay {
         for (i, d) in base.dispatches.iter().enumerate() {
             for (_, r) in &recs[1..] {
                 let e = &r.dispatches[i];
-                if e.op != d.op || *e.pipeline != *d.pipeline {
+                if e.op != d.op || e.pipeline != d.pipeline {
                     return mismatch(i, &format!("kernel {} vs {}", d.op, e.op));
                 }
                 if e.workgroups != d.workgroups {
@@ -244,10 +238,7 @@ impl Replay {
             steps.push(Step { op: d.op.clone(), pipeline: d.pipeline.clone(), bind_group, workgroups: d.workgroups });
         }
         ctx.check(OP)?;
-        let mut keep = Vec::new();
-        for (_, r) in recs.into_iter().take(1) {
-            keep = r.keep;
-        }
+        let keep = recs.into_iter().next().map(|(_, r)| r.keep).unwrap_or_default();
         let timing = ctx.caps.timestamp_query.then(|| {
             let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("replay timing"),
@@ -290,6 +281,14 @@ impl Replay {
         self.patches.len()
     }
 
+    /// Sets the position-dependent parameter words for `pos` (written before each run).
+    fn patch(&mut self, pos: u32) {
+        for p in &self.patches {
+            let v = p.slope.wrapping_mul(pos).wrapping_add(p.intercept);
+            self.params_data[p.byte..p.byte + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
     /// Where the time of the last run went.
     pub fn last_times(&self) -> ReplayTimes {
         self.last
@@ -311,9 +310,9 @@ impl Replay {
             });
             let mut pass =
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("replay"), timestamp_writes });
-            let mut last: Option<&Arc<wgpu::ComputePipeline>> = None;
+            let mut last: Option<&wgpu::ComputePipeline> = None;
             for s in &self.steps {
-                if last.is_none_or(|l| **l != *s.pipeline) {
+                if last.is_none_or(|l| *l != s.pipeline) {
                     pass.set_pipeline(&s.pipeline);
                     last = Some(&s.pipeline);
                 }
@@ -341,10 +340,7 @@ impl Replay {
         if !self.ctx.caps.timestamp_query || self.steps.is_empty() {
             return Ok(None);
         }
-        for p in &self.patches {
-            let v = p.slope.wrapping_mul(pos).wrapping_add(p.intercept);
-            self.params_data[p.byte..p.byte + 4].copy_from_slice(&v.to_le_bytes());
-        }
+        self.patch(pos);
         let ctx = self.ctx.clone();
         let n = self.steps.len() as u32;
         let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -427,10 +423,7 @@ impl Replay {
     ) -> Result<Vec<u8>> {
         const OP: &str = "replay";
         let t0 = std::time::Instant::now();
-        for p in &self.patches {
-            let v = p.slope.wrapping_mul(pos).wrapping_add(p.intercept);
-            self.params_data[p.byte..p.byte + 4].copy_from_slice(&v.to_le_bytes());
-        }
+        self.patch(pos);
         let ctx = self.ctx.clone();
         let read_len = read_len.min(output.len).next_multiple_of(4);
         // The data, then the two timestamps.

@@ -20,62 +20,30 @@ pub struct RmsNorm<'a> {
 }
 
 impl QTensor {
-    /// The matrices stacked row-wise into one [Σ rows, cols] (same type and width): one product
-    /// instead of several. On a GPU the parts are copied into one buffer; on the CPU their bytes
-    /// are copied into an owned buffer.
-    pub fn concat_rows(parts: &[&QTensor]) -> Result<QTensor> {
-        const OP: &str = "concat_rows";
+    /// Host matrices (memory-mapped file bytes, say) of one type and width stacked row-wise
+    /// into one [Σ rows, cols] matrix on `device`: one product instead of several. The bytes
+    /// are joined on the host and uploaded once (rows of 18-byte Q4_0 blocks may start at any
+    /// byte, which GPU buffer copies cannot do).
+    pub fn stack_rows(parts: &[&QTensor], device: &Device) -> Result<QTensor> {
+        const OP: &str = "stack_rows";
         let first = parts.first().ok_or_else(|| Error::shape(OP, "no matrices"))?;
-        let (ty, cols, device) = (first.ggml_type(), first.cols(), first.device().clone());
-        if let Some(bad) = parts.iter().find(|p| p.ggml_type() != ty || p.cols() != cols || !p.device().same(&device)) {
+        let (ty, cols) = (first.ggml_type(), first.cols());
+        if let Some(bad) = parts.iter().find(|p| p.ggml_type() != ty || p.cols() != cols) {
             return Err(Error::shape(
                 OP,
                 format!("cannot stack {} [{}, {}] on {ty} [_, {cols}]", bad.ggml_type(), bad.rows(), bad.cols()),
             ));
         }
-        let rows: usize = parts.iter().map(|p| p.rows()).sum();
-        let bytes: usize = parts.iter().map(|p| p.byte_len()).sum();
-        match &device {
-            Device::Cpu => {
-                let mut data = Vec::with_capacity(bytes);
-                for p in parts {
-                    match p.storage() {
-                        QStorage::Cpu { bytes, offset, len } => {
-                            data.extend_from_slice(&(**bytes).as_ref()[*offset..*offset + *len])
-                        }
-                        QStorage::Gpu(_) => return Err(Error::mismatch(OP, "weights are not on the CPU")),
-                    }
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.byte_len()).sum());
+        for p in parts {
+            match p.storage() {
+                QStorage::Cpu { bytes, offset, len } => {
+                    data.extend_from_slice(&(**bytes).as_ref()[*offset..*offset + *len])
                 }
-                QTensor::from_vec(ty, rows, cols, data, &device)
-            }
-            Device::Gpu(ctx) => {
-                let dst = ctx.alloc(bytes as u64)?;
-                let mut at = 0u64;
-                for p in parts {
-                    let QStorage::Gpu(src) = p.storage() else {
-                        return Err(Error::mismatch(OP, "weights are not on the GPU"));
-                    };
-                    let len = p.byte_len() as u64;
-                    // Rows of blocks whose size is not a multiple of 4 bytes (Q4_0's 18, ...)
-                    // stack at unaligned offsets: copy those through the host instead.
-                    if len.is_multiple_of(4) && at.is_multiple_of(4) {
-                        ctx.copy_buffer(src, 0, &dst, at, len)?;
-                    } else {
-                        let host = ctx.read(src.buffer(), 0, len)?;
-                        let lead = (at % 4) as usize;
-                        let mut merged = if lead > 0 {
-                            ctx.read(dst.buffer(), at - lead as u64, 4)?[..lead].to_vec()
-                        } else {
-                            vec![]
-                        };
-                        merged.extend_from_slice(&host);
-                        ctx.write(&dst, at - lead as u64, &merged)?;
-                    }
-                    at += len;
-                }
-                Ok(QTensor::from_gpu(ty, rows, cols, dst, &device))
+                QStorage::Gpu(_) => return Err(Error::mismatch(OP, "the parts must be host matrices")),
             }
         }
+        QTensor::from_vec(ty, parts.iter().map(|p| p.rows()).sum(), cols, data, device)
     }
 
     fn check_input(&self, op: &'static str, x: &Tensor) -> Result<()> {

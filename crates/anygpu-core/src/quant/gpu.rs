@@ -348,70 +348,84 @@ impl Epilogue<'_> {
 }
 
 /// The x-side replacements of matvec.wgsl (X_DECL, PROLOGUE, XB): x read from its binding,
-/// or (`norm_binding` = Some(b)) x staged in workgroup memory RMS-normalised and scaled by the
-/// norm weight bound at `b`, for rows of `cols` floats.
-fn x_side(quantized: bool, norm_binding: Option<u32>, cols: usize) -> Vec<(&'static str, String)> {
-    let Some(b) = norm_binding else {
-        return vec![
-            (
-                "X_DECL",
-                "@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
-                 @group(0) @binding(2) var<storage, read> x1: array<f32>;"
-                    .into(),
-            ),
-            ("PROLOGUE", String::new()),
-            ("XB", "p.x_off + xr * p.x_stride".into()),
-        ];
-    };
-    // Quantized rows are whole 32-weight blocks: vec4 units; float rows may be odd: elements.
-    let (decl, n, sq, nw) = if quantized {
-        (
-            format!(
-                "@group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;\n\
-                 var<workgroup> x4: array<vec4<f32>, {}>;",
-                cols / 4
-            ),
-            cols / 4,
-            "dot(v, v)",
-            "vec4<f32>(nw[4u * i], nw[4u * i + 1u], nw[4u * i + 2u], nw[4u * i + 3u])",
-        )
-    } else {
-        (
-            format!(
-                "@group(0) @binding(2) var<storage, read> xin: array<f32>;\n\
-                 var<workgroup> x1: array<f32, {}>;",
-                cols.next_multiple_of(4)
-            ),
-            cols,
-            "v * v",
-            "nw[i]",
-        )
-    };
-    let decl = format!("{decl}\n@group(0) @binding({b}) var<storage, read> nw: array<f32>;");
-    let prologue = format!(
-        "    // RMSNorm of x row xr into workgroup memory, as the rms_norm kernel computes it.
+/// or (`norm_binding` = Some(4 or 5)) x staged in workgroup memory RMS-normalised and scaled by
+/// the norm weight bound there; the staged row's size is the header constant `XN` (vec4
+/// units for the quantized types, whose rows are whole 32-weight blocks; elements rounded up to
+/// 4 otherwise, of which the first `p.cols` are read).
+/// Static text: built per dispatch, it would cost host time on every product.
+fn x_side(quantized: bool, norm_binding: Option<u32>) -> [(&'static str, &'static str); 3] {
+    // The RMSNorm of x row xr into workgroup memory, as the rms_norm kernel computes it; the
+    // two variants differ in the row length, the square and the store.
+    macro_rules! prologue {
+        ($len:literal, $square:literal, $store:literal) => {
+            concat!(
+                "    // RMSNorm of x row xr into workgroup memory (x_side in gpu.rs).
     let xrow = p.x_off + min(xr, p.n - 1u) * p.x_stride;
     var ss = 0.0;
-    for (var i = lid; i < {n}u; i += 256u) {{
+    for (var i = lid; i < ",
+                $len,
+                "; i += 256u) {
         let v = xin[xrow + i];
-        ss += {sq};
-    }}
+        ss += ",
+                $square,
+                ";
+    }
     red[lid] = ss;
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {{
-        if (lid < s) {{
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
             red[lid] += red[lid + s];
-        }}
+        }
         workgroupBarrier();
-    }}
+    }
     let inv_rms = inverseSqrt(red[0] / f32(p.cols) + p.eps);
-    for (var i = lid; i < {n}u; i += 256u) {{
-        x{}[i] = xin[xrow + i] * inv_rms * {nw};
-    }}
-    workgroupBarrier();",
-        if quantized { 4 } else { 1 }
+    for (var i = lid; i < ",
+                $len,
+                "; i += 256u) {
+        ",
+                $store,
+                ";
+    }
+    workgroupBarrier();"
+            )
+        };
+    }
+    const PROLOGUE_Q: &str = prologue!(
+        "XN",
+        "dot(v, v)",
+        "x4[i] = xin[xrow + i] * inv_rms * vec4<f32>(nw[4u * i], nw[4u * i + 1u], nw[4u * i + 2u], nw[4u * i + 3u])"
     );
-    vec![("X_DECL", decl), ("PROLOGUE", prologue), ("XB", "0u".into())]
+    const PROLOGUE_F: &str = prologue!("p.cols", "v * v", "x1[i] = xin[xrow + i] * inv_rms * nw[i]");
+    let decl = match (quantized, norm_binding) {
+        (_, None) => {
+            return [
+                (
+                    "X_DECL",
+                    "@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
+                     @group(0) @binding(2) var<storage, read> x1: array<f32>;",
+                ),
+                ("PROLOGUE", ""),
+                ("XB", "p.x_off + xr * p.x_stride"),
+            ]
+        }
+        (true, Some(4)) => {
+            "@group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;\n\
+             var<workgroup> x4: array<vec4<f32>, XN>;\n@group(0) @binding(4) var<storage, read> nw: array<f32>;"
+        }
+        (true, _) => {
+            "@group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;\n\
+             var<workgroup> x4: array<vec4<f32>, XN>;\n@group(0) @binding(5) var<storage, read> nw: array<f32>;"
+        }
+        (false, Some(4)) => {
+            "@group(0) @binding(2) var<storage, read> xin: array<f32>;\n\
+             var<workgroup> x1: array<f32, XN>;\n@group(0) @binding(4) var<storage, read> nw: array<f32>;"
+        }
+        (false, _) => {
+            "@group(0) @binding(2) var<storage, read> xin: array<f32>;\n\
+             var<workgroup> x1: array<f32, XN>;\n@group(0) @binding(5) var<storage, read> nw: array<f32>;"
+        }
+    };
+    [("X_DECL", decl), ("PROLOGUE", if quantized { PROLOGUE_Q } else { PROLOGUE_F }), ("XB", "0u")]
 }
 
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
@@ -558,16 +572,24 @@ fn qmatmul_with(
             "matvec",
         )
         .constant_u32("TPR", tpr as u32)
-        .constant_u32("RPW", (WG / tpr) as u32),
+        .constant_u32("RPW", (WG / tpr) as u32)
+        // The staged row of the RMSNorm prologue (vec4 units for the quantized types, elements
+        // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
+        // every width.
+        .with(&match norm {
+            Some(_) => {
+                format!("const XN: u32 = {}u;", if ty.is_quantized() { cols / 4 } else { cols.next_multiple_of(4) })
+            }
+            None => String::new(),
+        }),
         QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), type_source(Source::Matmul, ty), "matmul"),
     };
     let norm_binding = norm.map(|_| if resid.is_some() { 5 } else { 4 });
     let pipeline = match kernel {
         QKernel::Matvec => {
-            let xs = x_side(ty.is_quantized(), norm_binding, cols);
-            let mut repl: Vec<(&str, &str)> = epi.wgsl().to_vec();
-            repl.extend(xs.iter().map(|(k, v)| (*k, v.as_str())));
-            ctx.pipeline(&spec, &repl)?
+            let [e0, e1, e2] = epi.wgsl();
+            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding);
+            ctx.pipeline(&spec, &[e0, e1, e2, x0, x1, x2])?
         }
         QKernel::Tiled => ctx.pipeline(&spec, &[])?,
     };

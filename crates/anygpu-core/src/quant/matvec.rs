@@ -84,19 +84,7 @@ pub fn matmul(
     n: usize,
     y: &mut [f32],
 ) -> Result<()> {
-    let x_len =
-        n.checked_mul(cols).ok_or_else(|| Error::shape("matmul", format!("{n} x {cols} inputs overflow usize")))?;
-    let y_len =
-        n.checked_mul(rows).ok_or_else(|| Error::shape("matmul", format!("{n} x {rows} outputs overflow usize")))?;
-    if x.len() != x_len {
-        return Err(Error::shape("matmul", format!("x has {} elements, expected n x cols = {n} x {cols}", x.len())));
-    }
-    check("matmul", ty, weights, rows, cols, cols, y_len, y.len())?;
-    if rows == 0 || n == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        y.fill(0.0);
+    if !product_shapes(ty, weights, rows, cols, x, n, y)? {
         return Ok(());
     }
     if n <= MATVEC_UP_TO {
@@ -148,19 +136,7 @@ pub fn matmul_q8(
     if !super::q8::supports(ty) && !super::q8k::supports(ty) {
         return if n == 1 { matvec(ty, weights, rows, cols, x, y) } else { matmul(ty, weights, rows, cols, x, n, y) };
     }
-    let x_len =
-        n.checked_mul(cols).ok_or_else(|| Error::shape("matmul", format!("{n} x {cols} inputs overflow usize")))?;
-    let y_len =
-        n.checked_mul(rows).ok_or_else(|| Error::shape("matmul", format!("{n} x {rows} outputs overflow usize")))?;
-    if x.len() != x_len {
-        return Err(Error::shape("matmul", format!("x has {} elements, expected n x cols = {n} x {cols}", x.len())));
-    }
-    check("matmul", ty, weights, rows, cols, cols, y_len, y.len())?;
-    if rows == 0 || n == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        y.fill(0.0);
+    if !product_shapes(ty, weights, rows, cols, x, n, y)? {
         return Ok(());
     }
     let path = super::q8::Path::best();
@@ -170,6 +146,36 @@ pub fn matmul_q8(
         super::q8::matmul(path, ty, weights, rows, cols, x, n, y);
     }
     Ok(())
+}
+
+/// Checks the shapes of Y = X W^T ([`matmul`], [`matmul_q8`]) and settles the empty cases
+/// (zero columns: Y = 0); true when there is a product left to compute.
+#[allow(clippy::too_many_arguments)]
+fn product_shapes(
+    ty: GgmlType,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<bool> {
+    let x_len =
+        n.checked_mul(cols).ok_or_else(|| Error::shape("matmul", format!("{n} x {cols} inputs overflow usize")))?;
+    let y_len =
+        n.checked_mul(rows).ok_or_else(|| Error::shape("matmul", format!("{n} x {rows} outputs overflow usize")))?;
+    if x.len() != x_len {
+        return Err(Error::shape("matmul", format!("x has {} elements, expected n x cols = {n} x {cols}", x.len())));
+    }
+    check("matmul", ty, weights, rows, cols, cols, y_len, y.len())?;
+    if rows == 0 || n == 0 {
+        return Ok(false);
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// out (m x n) = x (m x k) * w^T, w being n x k; all row-major and contiguous.

@@ -85,18 +85,6 @@ impl QTensor {
         Ok(QTensor { ty, rows, cols, storage, device: device.clone(), cpu_math: CpuMath::default() })
     }
 
-    /// A GPU matrix over `buf`, which holds `rows` rows of `ty` blocks (see `fused.rs`).
-    pub(crate) fn from_gpu(ty: GgmlType, rows: usize, cols: usize, buf: GpuBuffer, device: &Device) -> QTensor {
-        QTensor {
-            ty,
-            rows,
-            cols,
-            storage: QStorage::Gpu(Arc::new(buf)),
-            device: device.clone(),
-            cpu_math: CpuMath::default(),
-        }
-    }
-
     /// A QTensor over an owned copy of `data` (tests, synthetic weights).
     pub fn from_vec(ty: GgmlType, rows: usize, cols: usize, data: Vec<u8>, device: &Device) -> Result<QTensor> {
         let len = data.len();

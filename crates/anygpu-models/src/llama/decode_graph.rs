@@ -59,30 +59,22 @@ impl DecodeGraph {
         let len = cache.len();
         // Three distinct positions: two to fit the parameters, the last one to check the fit.
         let positions = [0, 1, cap - 1];
-        let mut recs = Vec::with_capacity(positions.len());
-        let mut logits = None;
-        let mut result = Ok(());
-        for &p in &positions {
-            cache.set_len(p);
-            let recorded = ctx.record(|| {
-                let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
-                model.forward_embedded(x, cache, false)
-            });
-            match recorded {
-                Ok((out, rec)) => {
-                    logits.get_or_insert(out);
-                    recs.push((p as u32, rec));
-                }
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
+        let recorded: Result<Vec<_>> = positions
+            .iter()
+            .map(|&p| {
+                cache.set_len(p);
+                let (out, rec) = ctx.record(|| {
+                    let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
+                    model.forward_embedded(x, cache, false)
+                })?;
+                Ok((out, (p as u32, rec)))
+            })
+            .collect();
         cache.set_len(len);
-        result?;
+        let (outs, recs): (Vec<Tensor>, Vec<_>) = recorded?.into_iter().unzip();
         let replay = Replay::new(&ctx, recs)?;
-        let logits = logits.ok_or_else(|| Error::gpu("decode graph", "nothing was recorded"))?;
+        // The first recording's buffers are the replayed ones: its logits are the output.
+        let logits = outs.into_iter().next().ok_or_else(|| Error::gpu("decode graph", "nothing was recorded"))?;
         let stats = DecodeStats { dispatches: replay.len(), ..Default::default() };
         Ok(DecodeGraph { replay, ids, logits, model_id: model.id(), stats })
     }

@@ -49,6 +49,11 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
+    /// Bytes a cache of `n_ctx` positions occupies (f32 keys and values of every layer).
+    pub fn bytes_for(cfg: &LlamaConfig, n_ctx: usize) -> usize {
+        2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
+    }
+
     /// Bytes the cache occupies.
     pub fn byte_len(&self) -> usize {
         self.keys.iter().chain(&self.values).map(|t| t.numel() * 4).sum()
@@ -96,16 +101,10 @@ impl KvCache {
     /// GPU time per op of one recorded decode step (None on the CPU, without a recording, or
     /// without timestamp queries): (op, dispatches, seconds), largest first.
     pub fn profile_decode(&mut self) -> Result<Option<Vec<(String, usize, f64)>>> {
-        let len = self.len;
-        match self.graph.take() {
-            Some(mut g) => {
-                let out = g.profile(self);
-                self.len = len;
-                self.graph = Some(g);
-                out
-            }
-            None => Ok(None),
-        }
+        let Some(mut g) = self.graph.take() else { return Ok(None) };
+        let out = g.profile(self);
+        self.graph = Some(g);
+        out
     }
 
     /// Sets the filled length (recording the decode step at chosen positions).

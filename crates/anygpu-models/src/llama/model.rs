@@ -52,30 +52,32 @@ struct Block {
 
 impl Qkv {
     fn load(ld: &mut Loader, n: &dyn Fn(&str) -> String) -> Result<Qkv> {
-        let w = [ld.matrix(&n("attn_q.weight"))?, ld.matrix(&n("attn_k.weight"))?, ld.matrix(&n("attn_v.weight"))?];
+        let names = [n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight")];
         let bias = [
             ld.optional_vector(&n("attn_q.bias"))?,
             ld.optional_vector(&n("attn_k.bias"))?,
             ld.optional_vector(&n("attn_v.bias"))?,
         ];
-        if !stack_on(ld.device, &w) {
+        let Some(w) = ld.stacked(&names, false)? else {
+            let w = [ld.matrix(&names[0])?, ld.matrix(&names[1])?, ld.matrix(&names[2])?];
             return Ok(Qkv::Separate { w, bias });
-        }
-        let stacked = QTensor::concat_rows(&[&w[0], &w[1], &w[2]])?;
+        };
         let bias = if bias.iter().any(Option::is_some) {
+            // The rows of each part: its bias, or zeros where the file has none.
+            let rows = names.iter().map(|name| ld.info(name).map(|t| t.dims.get(1).map_or(1, |&r| r as usize)));
             let parts = bias
                 .iter()
-                .zip(&w)
-                .map(|(b, w)| match b {
+                .zip(rows)
+                .map(|(b, r)| match b {
                     Some(b) => Ok(b.clone()),
-                    None => Tensor::zeros([w.rows()], DType::F32, ld.device),
+                    None => Tensor::zeros([r?], DType::F32, ld.device),
                 })
                 .collect::<Result<Vec<_>>>()?;
             Some(Tensor::concat(&parts.iter().collect::<Vec<_>>(), 0)?)
         } else {
             None
         };
-        Ok(Qkv::Stacked { w: stacked, bias })
+        Ok(Qkv::Stacked { w, bias })
     }
 
     fn bytes(&self) -> usize {
@@ -88,11 +90,11 @@ impl Qkv {
 
 impl GateUp {
     fn load(ld: &mut Loader, n: &dyn Fn(&str) -> String) -> Result<GateUp> {
-        let (gate, up) = (ld.matrix(&n("ffn_gate.weight"))?, ld.matrix(&n("ffn_up.weight"))?);
-        if stack_on(ld.device, &[gate.clone(), up.clone()]) && gate.rows() == up.rows() {
-            return Ok(GateUp::Stacked(QTensor::concat_rows(&[&gate, &up])?));
+        let names = [n("ffn_gate.weight"), n("ffn_up.weight")];
+        match ld.stacked(&names, true)? {
+            Some(w) => Ok(GateUp::Stacked(w)),
+            None => Ok(GateUp::Separate { gate: ld.matrix(&names[0])?, up: ld.matrix(&names[1])? }),
         }
-        Ok(GateUp::Separate { gate, up })
     }
 
     fn bytes(&self) -> usize {
@@ -101,14 +103,6 @@ impl GateUp {
             GateUp::Separate { gate, up } => gate.byte_len() + up.byte_len(),
         }
     }
-}
-
-/// Whether to stack these matrices into one: on a GPU, when their types and widths agree.
-/// `ANYGPU_STACK_WEIGHTS=0` keeps them separate (for comparisons).
-fn stack_on(device: &Device, w: &[QTensor]) -> bool {
-    device.gpu().is_some()
-        && std::env::var("ANYGPU_STACK_WEIGHTS").map(|v| v != "0").unwrap_or(true)
-        && w.iter().all(|m| m.ggml_type() == w[0].ggml_type() && m.cols() == w[0].cols())
 }
 
 pub struct Llama {
@@ -148,22 +142,42 @@ impl Loader<'_> {
 
     /// A 2-D weight in its block format: rows = dims[1], cols = dims[0].
     fn matrix(&mut self, name: &str) -> Result<QTensor> {
+        let device = self.device;
+        self.matrix_on(name, device)
+    }
+
+    /// The matrices `names` stacked row-wise into one on the device (one product per token
+    /// instead of several), where that applies: a GPU, one type and width (and, with
+    /// `same_rows`, one row count, as gate|up needs), `ANYGPU_STACK_WEIGHTS` not 0. The parts
+    /// are read from the memory-mapped file and uploaded once, joined. None: load them apart.
+    fn stacked(&mut self, names: &[String], same_rows: bool) -> Result<Option<QTensor>> {
+        let off = std::env::var("ANYGPU_STACK_WEIGHTS").is_ok_and(|v| v == "0");
+        if self.device.gpu().is_none() || off {
+            return Ok(None);
+        }
+        let infos = names.iter().map(|n| self.info(n)).collect::<Result<Vec<_>>>()?;
+        let key = |t: &crate::gguf::TensorInfo| {
+            (t.ggml_type, t.dims[0], if same_rows { t.dims.get(1).copied() } else { None })
+        };
+        if infos.iter().any(|t| key(t) != key(&infos[0])) {
+            return Ok(None);
+        }
+        let parts = names.iter().map(|n| self.matrix_on(n, &Device::Cpu)).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<&QTensor> = parts.iter().collect();
+        Ok(Some(QTensor::stack_rows(&parts, self.device)?.with_cpu_math(CpuMath::Q8)))
+    }
+
+    /// [`Loader::matrix`] on `device` (the CPU: the file's bytes, not copied).
+    fn matrix_on(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         let t = self.info(name)?;
         let (cols, rows) = (t.dims[0] as usize, t.dims.get(1).copied().unwrap_or(1) as usize);
-        let q = QTensor::new(
-            t.ggml_type,
-            rows,
-            cols,
-            self.shared.clone(),
-            t.offset as usize,
-            t.n_bytes as usize,
-            self.device,
-        )
-        .map_err(|e| Error::Format(format!("tensor {name}: {e}")))?
-        // On the CPU, products round activations to 8-bit blocks and use integer dot products,
-        // as llama.cpp's CPU backend does (1.6-2x faster decode on the 2-core machine); GPU
-        // tensors ignore it.
-        .with_cpu_math(CpuMath::Q8);
+        let q =
+            QTensor::new(t.ggml_type, rows, cols, self.shared.clone(), t.offset as usize, t.n_bytes as usize, device)
+                .map_err(|e| Error::Format(format!("tensor {name}: {e}")))?
+                // On the CPU, products round activations to 8-bit blocks and use integer dot products,
+                // as llama.cpp's CPU backend does (1.6-2x faster decode on the 2-core machine); GPU
+                // tensors ignore it.
+                .with_cpu_math(CpuMath::Q8);
         self.tick(t.n_bytes);
         Ok(q)
     }
@@ -295,7 +309,6 @@ impl Llama {
         if tokens.is_empty() {
             return Err(Error::shape("llama forward", "no tokens"));
         }
-        self.check_room(cache, tokens.len())?;
         if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
             return Err(Error::Index { op: "token id", index: bad as i64, len: cfg.n_vocab });
         }

@@ -16,7 +16,8 @@
 # sentence-transformers itself (scripts/reference/bench_minilm_torch.py) when installed.
 # Both sides read the same F16 file and compute in f32 (TF32 off on the PyTorch side).
 #
-# Settings (environment): BATCH (64), SEQ (128), REPS (20), MODEL (.dev/minilm-f16),
+# Settings (environment): BATCH (64), SEQ (128), REPS (20), MODEL (.dev/minilm-f16), DTYPE
+# (anygpu's --dtype: auto = f16 linear weights where tensor cores are reachable, else f32),
 # ANYGPU (.dev/anygpu, else target/release/anygpu), ANYGPU_DEVICE (anygpu's choice: the
 # best GPU), TORCH_DEVICE (cuda if torch sees one, else cpu), TORCH_THREADS (CPU runs; 0 = torch's
 # default), PYTHON (python3). Results also go to $OUT (or ./bench-out).
@@ -66,8 +67,11 @@ if [ "$TORCH_DEVICE" = cuda ] && grep -q '^Selected: .*(cpu)' "$OUT/devices.txt"
     echo "WARNING: anygpu found no GPU and measures its CPU backend; the comparison below is not GPU vs GPU"
 fi
 
+echo "== anygpu accuracy (the test fixture's sentences against sentence-transformers, --dtype ${DTYPE:-auto}) =="
+$PYTHON scripts/gpu/check_embed.py "$A" "$MODEL" --dtype "${DTYPE:-auto}" || echo "check_embed: FAILED"
+
 echo "== anygpu =="
-"$A" bench embed -m "$MODEL" --batch "$BATCH" --seq "$SEQ" -r "$REPS" --json > "$OUT/embed_anygpu.json" 2> "$OUT/embed_anygpu.err"
+"$A" bench embed -m "$MODEL" --batch "$BATCH" --seq "$SEQ" -r "$REPS" --dtype "${DTYPE:-auto}" --json > "$OUT/embed_anygpu.json" 2> "$OUT/embed_anygpu.err"
 rc=$?
 grep -v XDG_RUNTIME_DIR "$OUT/embed_anygpu.err" | tail -3
 cat "$OUT/embed_anygpu.json"
@@ -109,7 +113,7 @@ except OSError:
 if not a:
     sys.exit("no anygpu result")
 print(f"{'anygpu':<27} {a['sentences_per_s']:9.1f} sentences/s  on {a['device']} "
-      f"({a['checkpoint_dtype']} weights file, f32 compute; {a['batch']} x {a['seq']} tokens)")
+      f"({a['checkpoint_dtype']} weights file, {a.get('weight_dtype', 'F32')} linear weights; {a['batch']} x {a['seq']} tokens)")
 for name, v in (("plain PyTorch fp32", t and t["sentences_per_s"]), ("sentence-transformers fp32", st)):
     if v:
         print(f"{name:<27} {v:9.1f} sentences/s  -> anygpu / this = {a['sentences_per_s'] / v:.2f}x")

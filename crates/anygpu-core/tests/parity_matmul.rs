@@ -6,7 +6,7 @@
 use anygpu_core::ops::matmul::{
     blocked_wgsl_variants, gpu_matmul_path, gpu_matmul_supports, gpu_matmul_using, MatmulPath,
 };
-use anygpu_core::testing::{gpu_devices, parity, parity_err, rand_vec};
+use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec};
 use anygpu_core::{DType, Device, Result, Tensor};
 use half::f16;
 use wgpu::naga;
@@ -118,6 +118,59 @@ fn f16_paths_on_odd_shapes_and_views() {
             }
         }
     }
+}
+
+/// The tensor-core path against the CPU reference on the devices that have it (an H100 under
+/// Vulkan): odd shapes, every contiguous view, mixed f32/f16 operands, a batch, a shared
+/// operand and a bias. Devices without cooperative matrices (lavapipe) are skipped with a note:
+/// their f16 paths are checked above, and the kernel's WGSL is validated for every
+/// specialisation below.
+#[test]
+fn coop_path_where_the_device_has_it() {
+    let _turn = serial();
+    let (h, f, c) = (DType::F16, DType::F32, MatmulPath::Coop);
+    let mut checked = 0;
+    for d in gpu_devices() {
+        let probe = (t(1, &[64, 64], h, d), t(2, &[64, 64], h, d));
+        if !gpu_matmul_supports(&probe.0, &probe.1, c).unwrap() {
+            eprintln!("{}: no cooperative matrices, coop path not checked here", d.name());
+            continue;
+        }
+        let check = |name: &str, atol: f32, rtol: f32, body: &dyn Fn(&Device) -> Result<Vec<f32>>| {
+            let want = body(&Device::Cpu).unwrap_or_else(|e| panic!("{name}: CPU reference failed: {e}"));
+            let got = body(d).unwrap_or_else(|e| panic!("{name} on {}: {e}", d.name()));
+            check_close(name, &got, &want, atol, rtol).unwrap_or_else(|m| panic!("{m} on {}", d.name()));
+        };
+        for &(m, k, n) in
+            &[(1, 16, 16), (7, 13, 5), (65, 257, 33), (129, 64, 200), (130, 37, 131), (33, 1000, 65), (256, 384, 1536)]
+        {
+            for (da, db) in [(h, h), (f, h), (h, f)] {
+                // An f32 operand is rounded to f16 on the coop path: each product then carries
+                // a relative error up to 2^-11, ~2^-11 sqrt(K) over a random-signed sum of K of
+                // them (|a|, |b| < 1 here); f16 x f16 outputs round once more.
+                let (atol, rtol) = if da == db { tol(k, true) } else { (5e-4 * (k as f32).sqrt() + 1e-4, 1e-3) };
+                for v in VIEWS {
+                    check(&format!("matmul coop {da}x{db} {m}x{k}x{n} {v:?}"), atol, rtol, &|d| {
+                        let (a, b) = operands(v, m, k, n, da, db, d)?;
+                        mm(d, &a, &b, None, c)
+                    });
+                }
+            }
+        }
+        let (atol, rtol) = tol(129, true);
+        check("coop batched", atol, rtol, &|d| {
+            mm(d, &t(50, &[3, 2, 33, 129], h, d), &t(51, &[3, 2, 129, 70], h, d), None, c)
+        });
+        check("coop batched x shared", atol, rtol, &|d| {
+            mm(d, &t(52, &[4, 70, 129], h, d), &t(53, &[129, 33], h, d), None, c)
+        });
+        check("coop bias", atol, rtol, &|d| {
+            let bias = t(54, &[131], DType::F32, d).narrow(0, 1, 130)?;
+            mm(d, &t(55, &[129, 129], h, d), &t(56, &[129, 130], h, d), Some(&bias), c)
+        });
+        checked += 1;
+    }
+    eprintln!("coop path checked on {checked} device(s)");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anygpu_core::testing::gpu_devices;
 use anygpu_core::{Device, Tensor};
-use anygpu_models::bert::{cosine, pool, Batch, Pooling, SentenceEmbedder};
+use anygpu_models::bert::{cosine, pool, Batch, Pooling, SentenceEmbedder, WeightDType};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -133,6 +133,31 @@ fn embeddings_match_sentence_transformers() {
             worst.1,
             t0.elapsed().as_secs_f64()
         );
+    }
+}
+
+/// `--dtype f16`: the linear weights rounded to f16 (on a GPU with cooperative matrices the
+/// activations too, inside the products) still give cosine >= 0.999, on the CPU and every GPU.
+/// `auto` resolves to f32 where no tensor cores are reachable (the CPU, lavapipe).
+#[test]
+fn f16_weights_match_sentence_transformers() {
+    let cases = cases();
+    let picked: Vec<usize> = ["A man is eating food", "Café", "东京", "I love pizza", ""]
+        .iter()
+        .map(|p| cases.iter().position(|c| c.text.starts_with(p)).expect("case"))
+        .collect();
+    let texts: Vec<&str> = picked.iter().map(|&i| cases[i].text.as_str()).collect();
+    for dev in devices() {
+        let m = SentenceEmbedder::load_with(&model_dir(), &dev, WeightDType::F16).expect("load f16");
+        assert_eq!(m.model.weight_dtype, anygpu_core::DType::F16);
+        let out = m.embed(&texts, 8).expect("embed");
+        let worst =
+            picked.iter().zip(&out.vectors).map(|(&i, v)| cosine(v, &cases[i].embedding)).fold(f32::INFINITY, f32::min);
+        assert!(worst >= 0.999, "f16 weights on {}: worst cosine {worst}", dev.name());
+        eprintln!("{}: f16 weights, worst cosine {worst:.6}", dev.name());
+        let auto = WeightDType::Auto.resolve(&dev);
+        let has_coop = dev.gpu().is_some_and(|c| anygpu_core::ops::matmul::gpu_has_coop_matmul(c));
+        assert_eq!(auto == anygpu_core::DType::F16, has_coop, "auto on {}", dev.name());
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anygpu_core::testing::gpu_devices;
 use anygpu_core::Device;
-use anygpu_models::bert::{Batch, BertConfig, BertModel};
+use anygpu_models::bert::{Batch, BertConfig, BertModel, WeightDType};
 use anygpu_models::safetensors_file::SafetensorsFile;
 
 fn dir() -> PathBuf {
@@ -119,7 +119,7 @@ fn tiny_bert_loads_and_runs_on_every_device() {
     let file = SafetensorsFile::open(dir().join("tiny_bert.safetensors")).expect("open");
     let ids = [2u32, 5, 7, 1, 3, 0];
     let run = |dev: &Device| -> Vec<f32> {
-        let m = BertModel::load(tiny_config(), &file, dev).expect("load");
+        let m = BertModel::load(tiny_config(), &file, dev, WeightDType::Auto).expect("load");
         let h = m.forward(&Batch { ids: &ids, type_ids: None, lengths: &[3, 2], t: 3 }).expect("forward");
         assert_eq!(h.dims(), [2, 3, 4]);
         h.to_vec_f32().expect("read")
@@ -141,14 +141,14 @@ fn tiny_bert_loads_and_runs_on_every_device() {
 #[test]
 fn model_errors_name_the_tensor() {
     let missing = SafetensorsFile::open(dir().join("tiny_bert_missing_tensor.safetensors")).expect("open");
-    let err = BertModel::load(tiny_config(), &missing, &Device::Cpu).err().expect("missing tensor");
+    let err = BertModel::load(tiny_config(), &missing, &Device::Cpu, WeightDType::Auto).err().expect("missing tensor");
     assert!(
         err.to_string()
             .contains("tiny_bert_missing_tensor.safetensors: tensor 'encoder.layer.0.output.dense.bias': missing"),
         "{err}"
     );
     let wrong = SafetensorsFile::open(dir().join("tiny_bert_wrong_shape.safetensors")).expect("open");
-    let err = BertModel::load(tiny_config(), &wrong, &Device::Cpu).err().expect("wrong shape");
+    let err = BertModel::load(tiny_config(), &wrong, &Device::Cpu, WeightDType::Auto).err().expect("wrong shape");
     assert!(
         err.to_string().contains(
             "tensor 'encoder.layer.0.intermediate.dense.weight': shape [4, 8] where the config implies [8, 4]"

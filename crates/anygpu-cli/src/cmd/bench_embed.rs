@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anygpu_models::bert::bench_embed_runs;
+use anygpu_models::bert::{bench_embed_runs, profile_forward};
 use serde::Serialize;
 
-use super::embed::load_embedder;
+use super::embed::{load_embedder, WeightsArg};
 use super::llm::describe;
 use super::{CliError, CliResult};
 
@@ -31,14 +31,18 @@ pub struct Args {
     /// One JSON object on stdout instead of a line of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    weights: WeightsArg,
 }
 
 #[derive(Serialize)]
 struct Row {
     model: String,
     device: String,
-    /// The checkpoint's float type; computation is f32 whatever it is.
+    /// The checkpoint's float type.
     checkpoint_dtype: String,
+    /// The linear weights' dtype on the device (`--dtype`).
+    weight_dtype: String,
     batch: usize,
     seq: usize,
     reps: usize,
@@ -54,7 +58,7 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     if args.batch == 0 || args.reps == 0 {
         return Err(CliError::usage("--batch and --repetitions must be at least 1"));
     }
-    let m = load_embedder(device, &args.model, args.json)?;
+    let m = load_embedder(device, &args.model, &args.weights, args.json)?;
     if args.seq < 2 || args.seq > m.max_len {
         return Err(CliError::usage(format!(
             "--seq {} is not in 2..={} (the model's max_seq_length)",
@@ -62,12 +66,22 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         )));
     }
     let secs = bench_embed_runs(&m, args.batch, args.seq, args.reps)?;
+    if std::env::var("ANYGPU_PROFILE_EMBED").is_ok_and(|v| v == "1") {
+        if let Some(ops) = profile_forward(&m, args.batch, args.seq)? {
+            let total: f64 = ops.iter().map(|o| o.2).sum();
+            eprintln!("anygpu: encoder forward GPU time by op (one pass per dispatch, {:.3} ms in all):", total * 1e3);
+            for (op, count, s) in ops {
+                eprintln!("  {op:<40} {count:>4} dispatches {:>9.1} µs {:>5.1}%", s * 1e6, 100.0 * s / total);
+            }
+        }
+    }
     let total: f64 = secs.iter().sum();
     let ms = |f: fn(f64, f64) -> f64, init: f64| secs.iter().fold(init, |a, &b| f(a, b)) * 1e3;
     let row = Row {
         model: args.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
         device: describe(m.model.device()),
         checkpoint_dtype: m.model.checkpoint_dtype.clone(),
+        weight_dtype: m.model.weight_dtype.to_string(),
         batch: args.batch,
         seq: args.seq,
         reps: secs.len(),
@@ -81,7 +95,7 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     } else {
         println!(
             "anygpu {} on {}: {} x {} tokens: {:.1} sentences/s ({:.1} ms per batch, best {:.1}, worst {:.1}; \
-             {} runs; {} checkpoint, f32 compute)",
+             {} runs; {} checkpoint, {} linear weights)",
             row.model,
             row.device,
             row.batch,
@@ -91,7 +105,8 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
             row.ms_min,
             row.ms_max,
             row.reps,
-            row.checkpoint_dtype
+            row.checkpoint_dtype,
+            row.weight_dtype
         );
     }
     Ok(ExitCode::SUCCESS)

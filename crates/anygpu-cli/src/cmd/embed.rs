@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anygpu_models::bert::SentenceEmbedder;
+use anygpu_models::bert::{SentenceEmbedder, WeightDType};
 
 use super::llm::describe;
 use super::{discover, CliError, CliResult};
@@ -31,11 +31,34 @@ pub struct Args {
     /// Print one JSON array of floats per line, in input order (nothing else on stdout).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    weights: WeightsArg,
+}
+
+/// `--dtype`: the dtype of the encoder's linear weights on the device.
+#[derive(clap::Args)]
+pub struct WeightsArg {
+    /// Linear weights on the device: `auto` (f16 on a GPU with tensor cores reachable through
+    /// cooperative matrices, where the products then run with f16 inputs and f32 accumulation;
+    /// f32 elsewhere), `f32` or `f16`.
+    #[arg(long = "dtype", default_value = "auto", value_parser = ["auto", "f32", "f16"])]
+    dtype: String,
+}
+
+impl WeightsArg {
+    fn choice(&self) -> WeightDType {
+        WeightDType::parse(&self.dtype).unwrap_or_default()
+    }
 }
 
 /// Selects the device and loads the model folder onto it; reports what was loaded on stderr
 /// unless `quiet`.
-pub fn load_embedder(device: Option<&str>, dir: &Path, quiet: bool) -> CliResult<SentenceEmbedder> {
+pub fn load_embedder(
+    device: Option<&str>,
+    dir: &Path,
+    weights: &WeightsArg,
+    quiet: bool,
+) -> CliResult<SentenceEmbedder> {
     if !dir.is_dir() {
         return Err(CliError::usage(format!(
             "model folder {} does not exist (scripts/fetch-models.sh minilm fetches all-MiniLM-L6-v2 into models/)",
@@ -44,17 +67,18 @@ pub fn load_embedder(device: Option<&str>, dir: &Path, quiet: bool) -> CliResult
     }
     let t0 = Instant::now();
     let dev = discover(device)?.open_selected()?;
-    let m = SentenceEmbedder::load(dir, &dev)?;
+    let m = SentenceEmbedder::load_with(dir, &dev, weights.choice())?;
     if !quiet {
         let c = &m.model.config;
         eprintln!(
-            "anygpu: {} (BERT, {} layers, {}-dim, {} pooling{}, max {} tokens) on {} — loaded in {:.2} s",
+            "anygpu: {} (BERT, {} layers, {}-dim, {} pooling{}, max {} tokens, {} weights) on {} — loaded in {:.2} s",
             dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
             c.num_hidden_layers,
             m.dim(),
             m.sentence.pooling.name(),
             if m.sentence.normalize { ", normalized" } else { "" },
             m.max_len,
+            m.model.weight_dtype,
             describe(&dev),
             t0.elapsed().as_secs_f64()
         );
@@ -106,7 +130,7 @@ fn read_inputs(args: &Args) -> CliResult<Vec<String>> {
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
     let texts = read_inputs(&args)?;
-    let m = load_embedder(device, &args.model, args.json)?;
+    let m = load_embedder(device, &args.model, &args.weights, args.json)?;
     let t0 = Instant::now();
     let vectors = embed_texts(&m, &texts, args.batch_size)?;
     let secs = t0.elapsed().as_secs_f64();

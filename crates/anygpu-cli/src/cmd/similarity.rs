@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anygpu_models::bert::cosine_matrix;
 
-use super::embed::{embed_texts, load_embedder, preview};
+use super::embed::{embed_texts, load_embedder, preview, WeightsArg};
 use super::{CliError, CliResult};
 
 #[derive(clap::Args)]
@@ -23,13 +23,15 @@ pub struct Args {
     /// Print the matrix as a JSON array of rows.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    weights: WeightsArg,
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
     if args.texts.len() < 2 {
         return Err(CliError::usage("give at least two texts to compare"));
     }
-    let m = load_embedder(device, &args.model, args.json)?;
+    let m = load_embedder(device, &args.model, &args.weights, args.json)?;
     let vectors = embed_texts(&m, &args.texts, args.batch_size)?;
     let sim = cosine_matrix(&vectors);
     let mut out = std::io::stdout().lock();

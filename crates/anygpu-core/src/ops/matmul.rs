@@ -17,7 +17,9 @@
 //!   needed.
 //! - `f16`: the same kernel with `enable f16;` and f16 vector loads/stores (needs SHADER_F16).
 //! - `coop` (matmul_coop.wgsl): f16 x f16 on cooperative matrices (16x16x16, f32 accumulators;
-//!   tensor cores), 128x128 tile, 8 subgroups of 32. Needs EXPERIMENTAL_COOPERATIVE_MATRIX with
+//!   tensor cores), 128x128 tile, 8 subgroups of 32. Also (f32, f16) and (f16, f32): the f32
+//!   operand is rounded to f16 as it is staged (relative error 2^-11 per element, as with
+//!   llama.cpp's and PyTorch's f16 paths), the output is f32; (f32, f32) never takes it. Needs EXPERIMENTAL_COOPERATIVE_MATRIX with
 //!   the (16, 16, 16) f16 -> f32 shape, SHADER_F16, subgroups of exactly 32, 46-48 KiB of
 //!   workgroup memory, and A and B each contiguous along one of their two dims.
 //!
@@ -315,18 +317,8 @@ fn coop_layout(la: Access, lb: Access) -> (u32, u32, u32) {
 }
 
 fn coop_usable(ctx: &GpuContext, p: &Plan) -> bool {
-    let c = &ctx.caps;
     let (la, lb) = (access_a(p), access_b(p));
-    c.cooperative_matrix
-        && c.shader_f16
-        && c.subgroup
-        && c.subgroup_min_size == 32
-        && c.subgroup_max_size == 32
-        && c.coop_f16_f32_shapes.contains(&(16, 16, 16))
-        && c.max_compute_invocations_per_workgroup >= 256
-        && la != Access::Strided
-        && lb != Access::Strided
-        && coop_layout(la, lb).2 <= c.max_compute_workgroup_storage_size
+    gpu_has_coop_matmul(ctx) && la != Access::Strided && lb != Access::Strided
 }
 
 /// Whether `path` can run this product on this device.
@@ -338,7 +330,10 @@ fn path_usable(ctx: &GpuContext, path: MatmulPath, da: DType, db: DType, p: &Pla
         }
         MatmulPath::Tiled => true,
         MatmulPath::TiledF16 => ctx.caps.shader_f16 && (da == DType::F16 || db == DType::F16),
-        MatmulPath::Coop => da == DType::F16 && db == DType::F16 && coop_usable(ctx, p),
+        MatmulPath::Coop => {
+            matches!((da, db), (DType::F16, DType::F16) | (DType::F32, DType::F16) | (DType::F16, DType::F32))
+                && coop_usable(ctx, p)
+        }
     }
 }
 
@@ -367,6 +362,21 @@ pub fn gpu_matmul_path(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<
     let (p, _, _) = plan(a, b)?;
     check_bias(bias, p.n)?;
     Ok(choose(&ctx, a.dtype(), b.dtype(), &p, forced_path()).name())
+}
+
+/// Whether this GPU multiplies f16 on cooperative matrices (tensor cores) through the `coop`
+/// path, for operands contiguous along a dim: what a model decides its weight dtype by.
+pub fn gpu_has_coop_matmul(ctx: &GpuContext) -> bool {
+    let c = &ctx.caps;
+    c.cooperative_matrix
+        && c.shader_f16
+        && c.subgroup
+        && c.subgroup_min_size == 32
+        && c.subgroup_max_size == 32
+        && c.coop_f16_f32_shapes.contains(&(16, 16, 16))
+        && c.max_compute_invocations_per_workgroup >= 256
+        // The largest layout: A's and B's tiles both [128][32 + 8] halves (48 KiB in all).
+        && coop_layout(Access::Inner, Access::Outer).2 <= c.max_compute_workgroup_storage_size
 }
 
 /// Whether `path` can run `a x b` on `a`'s GPU (tests and benchmarks).
@@ -541,6 +551,23 @@ fn input_wgsl(name: &str, binding: u32, e: Elem) -> String {
     }
 }
 
+/// A coop kernel operand: binding `name` and `{name}_vec(i, len) -> vec4<f16>` (elements
+/// i..i+3, i a multiple of 4, those from `len` on zero). f32 data is clamped to f16's range
+/// and rounded: the tensor cores multiply f16.
+fn coop_operand_wgsl(name: &str, binding: u32, d: DType) -> String {
+    let (ty, conv) = match d {
+        DType::F16 => ("vec4<f16>", format!("{name}[i >> 2u]")),
+        _ => ("vec4<f32>", format!("vec4<f16>(clamp({name}[i >> 2u], vec4<f32>(-65504.0), vec4<f32>(65504.0)))")),
+    };
+    format!(
+        "@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\n\
+         fn {name}_vec(i: u32, len: u32) -> vec4<f16> {{\n    \
+         let x = {conv};\n    \
+         if (len >= 4u) {{\n        return x;\n    }}\n    \
+         return select(vec4<f16>(0.0h), x, vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(len));\n}}\n"
+    )
+}
+
 /// The output binding `c` (4) with `st_c4(i, v)` (i a multiple of 4; only when `vec_out`)
 /// and `st_c(i, v)`.
 fn output_wgsl(e: Elem, vec_out: bool) -> String {
@@ -633,6 +660,7 @@ impl Blocked {
         let mut io = input_wgsl("bias", 3, self.bias.map_or(Elem::F32, |d| elem(d, native)));
         io.push_str(&output_wgsl(elem(self.out, native), self.vec_out));
         let spec = if self.path == MatmulPath::Coop {
+            io.insert_str(0, &(coop_operand_wgsl("a", 1, self.a) + &coop_operand_wgsl("b", 2, self.b)));
             let (sa, sb, _) = coop_layout(self.la, self.lb);
             let rows = |s: u32| if s == 40 { 128 } else { 32 };
             KernelSpec::new("matmul_coop", include_str!("matmul_coop.wgsl"), "matmul")
@@ -673,7 +701,7 @@ pub fn blocked_wgsl_variants() -> Vec<(String, MatmulPath, String)> {
     for path in [MatmulPath::Tiled, MatmulPath::TiledF16, MatmulPath::Coop] {
         for (a, b) in [(F32, F32), (F16, F16), (F32, F16), (F16, F32)] {
             let coop = path == MatmulPath::Coop;
-            if (coop && (a, b) != (F16, F16)) || (path == MatmulPath::TiledF16 && (a, b) == (F32, F32)) {
+            if (coop || path == MatmulPath::TiledF16) && (a, b) == (F32, F32) {
                 continue;
             }
             let out = if (a, b) == (F16, F16) { F16 } else { F32 };

@@ -31,7 +31,7 @@ use anygpu_core::{Device, Error, Result};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 pub use config::{BertConfig, Pooling, SentenceConfig};
-pub use model::{AttentionPath, Batch, BertModel};
+pub use model::{AttentionPath, Batch, BertModel, WeightDType};
 pub use pooling::{cosine, cosine_matrix, normalize_in_place, pool};
 
 /// One input after tokenization.
@@ -64,12 +64,17 @@ impl SentenceEmbedder {
     /// Loads a sentence-transformers folder (or a plain BERT folder: mean pooling, no
     /// normalisation) onto `device`.
     pub fn load(dir: &Path, device: &Device) -> Result<SentenceEmbedder> {
+        Self::load_with(dir, device, WeightDType::Auto)
+    }
+
+    /// [`SentenceEmbedder::load`] with the linear weights' dtype chosen.
+    pub fn load_with(dir: &Path, device: &Device, weights: WeightDType) -> Result<SentenceEmbedder> {
         if !dir.is_dir() {
             return Err(Error::Format(format!("{}: not a model folder", dir.display())));
         }
         let sentence = SentenceConfig::from_dir(dir)?;
         let tdir = dir.join(&sentence.transformer_path);
-        let model = BertModel::load_dir(&tdir, device)?;
+        let model = BertModel::load_dir(&tdir, device, weights)?;
         let max_len = sentence.max_len(&model.config)?;
         let tokenizer = load_tokenizer(&tdir.join("tokenizer.json"), max_len)?;
         Ok(SentenceEmbedder { model, tokenizer, sentence, max_len, dir: dir.to_path_buf() })
@@ -188,6 +193,26 @@ pub fn bench_ids(model: &SentenceEmbedder, batch: usize, seq: usize) -> Vec<Vec<
 
 /// Seconds of each of `reps` timed runs of [`bench_embed`]'s batch, after one untimed warm-up
 /// (which also compiles a GPU's pipelines). Each run ends with the vectors on the host.
+/// GPU time per op (name and grid) of one forward pass of `batch` sentences of `seq` tokens,
+/// each dispatch timed in a compute pass of its own (`Replay::profile`: the figures rank the
+/// ops, each carries a pass's overhead): (op, dispatches, seconds), largest first. None on the
+/// CPU or without timestamp queries.
+pub fn profile_forward(
+    model: &SentenceEmbedder,
+    batch: usize,
+    seq: usize,
+) -> Result<Option<Vec<(String, usize, f64)>>> {
+    let Some(ctx) = model.model.device().gpu().cloned() else { return Ok(None) };
+    let ids: Vec<u32> = bench_ids(model, batch, seq).concat();
+    let lengths = vec![seq; batch];
+    let batch = Batch { ids: &ids, type_ids: None, lengths: &lengths, t: seq };
+    // The same pass recorded twice (a replay is built from two recordings; nothing differs).
+    let recs = (0..2u32)
+        .map(|i| ctx.record(|| model.model.forward(&batch)).map(|(_, rec)| (i, rec)))
+        .collect::<Result<Vec<_>>>()?;
+    anygpu_core::gpu::Replay::new(&ctx, recs)?.profile(0)
+}
+
 pub fn bench_embed_runs(model: &SentenceEmbedder, batch: usize, seq: usize, reps: usize) -> Result<Vec<f64>> {
     let seqs = bench_ids(model, batch, seq);
     let refs: Vec<&[u32]> = seqs.iter().map(|v| v.as_slice()).collect();

@@ -6,7 +6,9 @@
 //! padded), C hidden size, H heads, D = C / H, F intermediate size.
 //!
 //! Weights are the checkpoint's tensors under their own names (with or without the `bert.`
-//! prefix), converted to f32. Changes at load time, all exact in real arithmetic: linear
+//! prefix), converted to f32; the linear weights then to f16 where [`WeightDType`] says so (by
+//! default on GPUs with tensor cores reachable through cooperative matrices: the products run
+//! there, activations rounded to f16, f32 accumulation). Changes at load time, all exact in real arithmetic: linear
 //! weights are stored transposed, [in, out], so that every product is `x [rows, in] x W`
 //! with both operands row-major (the CPU's gemm ran the QKV product 1.4x faster than
 //! through a transposed view); the query, key and value projections are stacked into one
@@ -25,8 +27,9 @@
 use std::path::Path;
 
 use anygpu_core::ops::attention::AttentionOpts;
+use anygpu_core::ops::matmul::gpu_has_coop_matmul;
 use anygpu_core::ops::unary::UnaryOp;
-use anygpu_core::{Device, Error, Result, Tensor};
+use anygpu_core::{DType, Device, Error, Result, Tensor};
 
 use super::config::BertConfig;
 use crate::safetensors_file::SafetensorsFile;
@@ -62,6 +65,40 @@ pub enum AttentionPath {
     Unfused,
 }
 
+/// The dtype of the encoder's linear weights on the device (`--dtype` of `anygpu embed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightDType {
+    /// f16 on a GPU whose tensor cores the `coop` matmul path reaches (the activations are
+    /// then rounded to f16 inside the products, accumulation stays f32), f32 elsewhere.
+    #[default]
+    Auto,
+    F32,
+    F16,
+}
+
+impl WeightDType {
+    pub fn parse(s: &str) -> Option<WeightDType> {
+        match s {
+            "auto" => Some(WeightDType::Auto),
+            "f32" => Some(WeightDType::F32),
+            "f16" => Some(WeightDType::F16),
+            _ => None,
+        }
+    }
+
+    /// The dtype this choice gives on `device`.
+    pub fn resolve(self, device: &Device) -> DType {
+        match self {
+            WeightDType::F32 => DType::F32,
+            WeightDType::F16 => DType::F16,
+            WeightDType::Auto => match device.gpu() {
+                Some(ctx) if gpu_has_coop_matmul(ctx) => DType::F16,
+                _ => DType::F32,
+            },
+        }
+    }
+}
+
 pub struct BertModel {
     pub config: BertConfig,
     device: Device,
@@ -76,9 +113,11 @@ pub struct BertModel {
     act: UnaryOp,
     eps: f32,
     pub attention_path: AttentionPath,
-    /// The checkpoint's float type (`F32`, `F16`, `BF16`: the word embeddings' dtype); the
-    /// weights are f32 in memory whatever it is.
+    /// The checkpoint's float type (`F32`, `F16`, `BF16`: the word embeddings' dtype).
     pub checkpoint_dtype: String,
+    /// The dtype of the linear weights on the device (see [`WeightDType`]); embeddings, norms
+    /// and biases are f32.
+    pub weight_dtype: DType,
 }
 
 /// One padded batch of token ids, row-major [B, T]; `lengths[b]` real tokens in row b.
@@ -98,14 +137,20 @@ impl Batch<'_> {
 
 impl BertModel {
     /// Loads `config.json` and `model.safetensors` from a Hugging Face folder.
-    pub fn load_dir(dir: &Path, device: &Device) -> Result<BertModel> {
+    pub fn load_dir(dir: &Path, device: &Device, weights: WeightDType) -> Result<BertModel> {
         let config = BertConfig::from_file(&dir.join("config.json"))?;
         let file = SafetensorsFile::open(dir.join("model.safetensors"))?;
-        Self::load(config, &file, device)
+        Self::load(config, &file, device, weights)
     }
 
     /// Builds the model from the checkpoint's tensors, checking every shape against `config`.
-    pub fn load(config: BertConfig, file: &SafetensorsFile, device: &Device) -> Result<BertModel> {
+    pub fn load(
+        config: BertConfig,
+        file: &SafetensorsFile,
+        device: &Device,
+        weights: WeightDType,
+    ) -> Result<BertModel> {
+        let weight_dtype = weights.resolve(device);
         let c = config.hidden_size;
         let f = config.intermediate_size;
         let prefix = if file.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
@@ -121,8 +166,8 @@ impl BertModel {
             }
         };
         let up = |t: Tensor| t.to_device(device);
-        // A checkpoint's [out, in] linear weight as [in, out], on the device.
-        let linear = |t: Tensor| t.transpose(0, 1)?.contiguous()?.to_device(device);
+        // A checkpoint's [out, in] linear weight as [in, out] in the chosen dtype, on the device.
+        let linear = |t: Tensor| t.transpose(0, 1)?.contiguous()?.to_dtype(weight_dtype)?.to_device(device);
         let word_emb = get("embeddings.word_embeddings.weight", &[config.vocab_size, c])?;
         let pos_emb = get("embeddings.position_embeddings.weight", &[config.max_position_embeddings, c])?;
         let type_emb = get("embeddings.token_type_embeddings.weight", &[config.type_vocab_size, c])?;
@@ -179,6 +224,7 @@ impl BertModel {
             config,
             attention_path: AttentionPath::Auto,
             checkpoint_dtype,
+            weight_dtype,
         };
         device.sync()?;
         Ok(model)
@@ -235,12 +281,14 @@ impl BertModel {
         let dev = &self.device;
 
         // ---- embeddings ----
-        let ids = Tensor::from_slice(batch.ids, [b * t], dev)?;
+        // Ids stay on the host: the gather validates them there and uploads them once (a GPU
+        // copy would be read back for that check: a round trip per batch).
+        let ids = Tensor::from_slice(batch.ids, [b * t], &Device::Cpu)?;
         let words = self.word_emb.gather(&ids)?.reshape([b, t, c])?;
         let x = match batch.type_ids {
             None => words.add(&self.pos_type0.narrow(0, 0, t)?)?,
             Some(ty) => {
-                let ty = Tensor::from_slice(ty, [b * t], dev)?;
+                let ty = Tensor::from_slice(ty, [b * t], &Device::Cpu)?;
                 let seg = self.type_emb.gather(&ty)?.reshape([b, t, c])?;
                 words.add(&self.pos_emb.narrow(0, 0, t)?)?.add(&seg)?
             }
@@ -316,9 +364,9 @@ impl BertModel {
         Tensor::concat(&refs, 1)?.reshape([b, h, t, d])
     }
 
-    /// Bytes of f32 weights on the device.
+    /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
-        let n = |t: &Tensor| t.numel() * 4;
+        let n = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
         let layers: usize = self
             .layers
             .iter()

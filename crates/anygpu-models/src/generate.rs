@@ -79,23 +79,45 @@ pub fn generate(
     let mut generated = Vec::new();
     let mut stop = StopReason::Length;
     let t1 = Instant::now();
+    // Takes token `id`; whether generation goes on (then `id` is fed to the next step).
+    let capacity = cache.capacity();
+    let mut accept =
+        |id: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>, stop: &mut StopReason, cache_len: usize| {
+            generated.push(id);
+            history.push(id);
+            if tokenizer.is_eog(id) {
+                *stop = StopReason::EndOfGeneration;
+                return false;
+            }
+            if !on_token(id) {
+                *stop = StopReason::Stopped;
+                return false;
+            }
+            if generated.len() >= max_tokens {
+                return false;
+            }
+            if cache_len >= capacity {
+                *stop = StopReason::ContextFull;
+                return false;
+            }
+            true
+        };
+    let greedy = sampler.is_greedy();
     while generated.len() < max_tokens {
         let id = sampler.sample(&logits, &history);
-        generated.push(id);
-        history.push(id);
-        if tokenizer.is_eog(id) {
-            stop = StopReason::EndOfGeneration;
+        if !accept(id, &mut generated, &mut history, &mut stop, cache.len()) {
             break;
         }
-        if !on_token(id) {
-            stop = StopReason::Stopped;
-            break;
-        }
-        if generated.len() == max_tokens {
-            break;
-        }
-        if cache.len() >= cache.capacity() {
-            stop = StopReason::ContextFull;
+        if greedy {
+            // The GPU picks the argmax itself and runs ahead of the host (one position per
+            // token made; `accept` sees the cache length each next step would start from).
+            let start = cache.len();
+            let left = (max_tokens - generated.len()).min(cache.capacity() - start);
+            let mut made = 0;
+            model.decode_greedy(id, left, cache, &mut |next| {
+                made += 1;
+                accept(next, &mut generated, &mut history, &mut stop, start + made)
+            })?;
             break;
         }
         logits = model.decode(id, cache)?;

@@ -86,6 +86,13 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether every pick is the plain argmax of the logits (temperature 0, no repetition
+    /// penalty): then the choice can be made on the GPU (see `Llama::decode_greedy`).
+    pub fn is_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0 && (p.repeat_penalty == 1.0 || p.repeat_last_n == 0)
+    }
+
     /// Picks the next token from `logits` [V], given the tokens so far (`history`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;

@@ -210,6 +210,58 @@ fn replayed_decode_matches_per_op_decode() {
     }
 }
 
+/// `decode_greedy` (the argmax made on the GPU, two steps in flight) picks the tokens the
+/// host's argmax of per-op logits picks, stops where told, and leaves the cache holding
+/// exactly the tokens fed (the step submitted past the stop is rolled back): a step after it
+/// matches the per-op path.
+#[test]
+fn greedy_decoding_on_the_gpu_matches_the_host() {
+    let (file, _) = open();
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    for dev in gpu_devices().iter().take(2) {
+        let model = Llama::load(&file, dev, &mut |_, _| {}).expect("load");
+        let mut gpu = model.new_cache(64).expect("cache");
+        let mut host = model.new_cache(64).expect("cache");
+        let logits = model.forward(&prompt, &mut gpu, false).and_then(|t| t.to_vec_f32()).expect("prefill");
+        model.forward(&prompt, &mut host, false).expect("prefill");
+        let first = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
+        let mut got = Vec::new();
+        let made = model
+            .decode_greedy(first, 10, &mut gpu, &mut |t| {
+                got.push(t);
+                got.len() < 4
+            })
+            .expect("greedy");
+        assert_eq!(made, 4);
+        let mut want = Vec::new();
+        let mut id = first;
+        for _ in 0..4 {
+            let l = model.forward(&[id], &mut host, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+            id = anygpu_models::sampling::argmax(&l).unwrap_or(0) as u32;
+            want.push(id);
+        }
+        assert_eq!(got, want, "greedy tokens on {}", dev.name());
+        assert_eq!(gpu.len(), prompt.len() + 4, "the cache after a stop on {}", dev.name());
+        let a = model.decode(id, &mut gpu).expect("a step after the stop");
+        let b = model.forward(&[id], &mut host, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4, "after greedy decoding on {}: max logit difference {diff}", dev.name());
+        // The limit: exactly `max` tokens, every one of them fed but the last.
+        let before = gpu.len();
+        let mut n = 0;
+        assert_eq!(
+            model
+                .decode_greedy(7, 3, &mut gpu, &mut |_| {
+                    n += 1;
+                    true
+                })
+                .expect("greedy"),
+            3
+        );
+        assert_eq!((n, gpu.len()), (3, before + 3));
+    }
+}
+
 #[test]
 fn bad_model_inputs_are_errors() {
     let (file, _) = open();

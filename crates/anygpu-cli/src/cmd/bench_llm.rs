@@ -67,11 +67,18 @@ fn tg(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
     // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
     model.prepare_decode(&mut cache);
     let t0 = Instant::now();
-    for _ in 0..n {
-        let logits = model.decode(id, &mut cache)?;
-        id = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
-    }
-    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    let rate = if std::env::var("ANYGPU_GREEDY_ON_GPU").is_ok_and(|v| v == "0") {
+        // The step-by-step path: logits back to the host, argmax there (for comparisons).
+        for _ in 0..n {
+            let logits = model.decode(id, &mut cache)?;
+            id = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
+        }
+        n as f64 / t0.elapsed().as_secs_f64()
+    } else {
+        // Greedy decoding as `generate --temp 0` runs it: the argmax on the GPU, two steps in flight.
+        let made = model.decode_greedy(id, n, &mut cache, &mut |_| true)?;
+        made as f64 / t0.elapsed().as_secs_f64()
+    };
     if std::env::var("ANYGPU_PROFILE_DECODE").is_ok_and(|v| v == "1") {
         if let Some(ops) = cache.profile_decode()? {
             let total: f64 = ops.iter().map(|o| o.2).sum();

@@ -7,4 +7,4 @@ pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};
 pub use kernel::KernelSpec;
-pub use replay::{Recording, Replay, ReplayTimes};
+pub use replay::{Recording, Replay, ReplayTimes, Ticket};

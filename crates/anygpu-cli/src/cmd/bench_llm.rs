@@ -112,9 +112,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     let dev = describe(lm.model.device());
     let reps = args.reps.max(1);
     let mut rows = Vec::new();
-    // One untimed run of each compiles the pipelines and warms the pools.
+    // One untimed run of each compiles the pipelines and warms the pools (at the full prompt
+    // length, as llama-bench's warm-up: the kernels' tile choices depend on the token count).
     if args.n_prompt > 0 {
-        pp(&lm.model, args.n_prompt.min(64), 0)?;
+        pp(&lm.model, args.n_prompt, 0)?;
         let v =
             (0..reps).map(|r| pp(&lm.model, args.n_prompt, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);

@@ -20,7 +20,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out_idx: array<u32>;
 
 const WG: u32 = 256u;
-const UNROLL: u32 = 8u;
 var<workgroup> vals: array<f32, WG>;
 var<workgroup> idxs: array<u32, WG>;
 
@@ -36,38 +35,48 @@ fn reduce_axis(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     let base = p.offset + (o / p.inner) * p.len * p.inner + (o % p.inner);
-    // UNROLL independent accumulators per invocation: their loads are in flight together (one
-    // long row, e.g. the argmax over a 49,152-token vocabulary in one workgroup, was bound by
-    // the latency of one load after another: 49 µs on an H100, ~8 µs unrolled).
-    var acc: array<f32, UNROLL>;
-    var acc_i: array<u32, UNROLL>;
-    for (var u = 0u; u < UNROLL; u++) {
-        acc[u] = {{INIT}};
-        acc_i[u] = 0xffffffffu;
-    }
-    for (var r0 = lid; r0 < p.len; r0 = r0 + UNROLL * WG) {
-        for (var u = 0u; u < UNROLL; u++) {
-            let r = r0 + u * WG;
-            if (r < p.len) {
-                let v = x[base + r * p.inner];
-                if ({{IS_SUM}}) {
-                    acc[u] = acc[u] + v;
-                } else if (better(v, r, acc[u], acc_i[u])) {
-                    acc[u] = v;
-                    acc_i[u] = r;
-                }
-            }
-        }
-    }
-    var a = acc[0];
-    var a_i = acc_i[0];
-    for (var u = 1u; u < UNROLL; u++) {
+    // Four independent accumulators per invocation, in plain registers: their loads are in
+    // flight together. (One long row, e.g. the argmax over a 49,152-token vocabulary in one
+    // workgroup, was bound by the latency of one load after another: 49 µs on an H100.
+    // Accumulators in an indexed array went to local memory and took longer still.) Lanes past
+    // the row read as INIT with index 0xffffffff, which never wins.
+    var a0: f32 = {{INIT}};
+    var a1: f32 = {{INIT}};
+    var a2: f32 = {{INIT}};
+    var a3: f32 = {{INIT}};
+    var i0 = 0xffffffffu;
+    var i1 = 0xffffffffu;
+    var i2 = 0xffffffffu;
+    var i3 = 0xffffffffu;
+    let last = p.len - 1u;
+    for (var r = lid; r < p.len; r = r + 4u * WG) {
+        let r1 = r + WG;
+        let r2 = r + 2u * WG;
+        let r3 = r + 3u * WG;
+        let v0 = x[base + r * p.inner];
+        let v1 = select({{INIT}}, x[base + min(r1, last) * p.inner], r1 < p.len);
+        let v2 = select({{INIT}}, x[base + min(r2, last) * p.inner], r2 < p.len);
+        let v3 = select({{INIT}}, x[base + min(r3, last) * p.inner], r3 < p.len);
         if ({{IS_SUM}}) {
-            a = a + acc[u];
-        } else if (better(acc[u], acc_i[u], a, a_i)) {
-            a = acc[u];
-            a_i = acc_i[u];
+            a0 = a0 + v0;
+            a1 = a1 + v1;
+            a2 = a2 + v2;
+            a3 = a3 + v3;
+        } else {
+            if (better(v0, r, a0, i0)) { a0 = v0; i0 = r; }
+            if (better(v1, select(0xffffffffu, r1, r1 < p.len), a1, i1)) { a1 = v1; i1 = r1; }
+            if (better(v2, select(0xffffffffu, r2, r2 < p.len), a2, i2)) { a2 = v2; i2 = r2; }
+            if (better(v3, select(0xffffffffu, r3, r3 < p.len), a3, i3)) { a3 = v3; i3 = r3; }
         }
+    }
+    var a = a0;
+    var a_i = i0;
+    if ({{IS_SUM}}) {
+        a = (a0 + a1) + (a2 + a3);
+    } else {
+        if (better(a1, i1, a, a_i)) { a = a1; a_i = i1; }
+        if (better(a2, i2, a, a_i)) { a = a2; a_i = i2; }
+        if (better(a3, i3, a, a_i)) { a = a3; a_i = i3; }
     }
     vals[lid] = a;
     idxs[lid] = a_i;

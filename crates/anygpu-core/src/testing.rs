@@ -109,3 +109,27 @@ pub fn parity_err<T>(name: &str, needle: &str, body: impl Fn(&Device) -> Result<
         }
     }
 }
+
+/// Parses, validates (with `caps`) and translates one WGSL module to SPIR-V the way wgpu does
+/// for Vulkan: the offline check of kernels a test machine cannot run (cooperative matrices on
+/// lavapipe, say). Errors carry naga's rendering of the problem.
+pub fn validate_wgsl_for_vulkan(src: &str, caps: wgpu::naga::valid::Capabilities) -> std::result::Result<(), String> {
+    use wgpu::naga;
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+    v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+    v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
+    let info = v.validate(&module).map_err(|e| e.emit_to_string(src))?;
+    let opts = naga::back::spv::Options {
+        lang_version: (1, 6),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Restrict,
+            ..Default::default()
+        },
+        force_loop_bounding: true,
+        ..Default::default()
+    };
+    naga::back::spv::write_vec(&module, &info, &opts, None).map_err(|e| format!("SPIR-V: {e:?}"))?;
+    Ok(())
+}

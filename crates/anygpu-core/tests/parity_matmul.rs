@@ -6,7 +6,7 @@
 use anygpu_core::ops::matmul::{
     blocked_wgsl_variants, gpu_matmul_path, gpu_matmul_supports, gpu_matmul_using, MatmulPath,
 };
-use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec};
+use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec, validate_wgsl_for_vulkan};
 use anygpu_core::{DType, Device, Result, Tensor};
 use half::f16;
 use wgpu::naga;
@@ -282,27 +282,6 @@ fn errors_name_the_op_and_shapes() {
     });
 }
 
-/// Parses, validates and translates one WGSL module the way wgpu does for Vulkan.
-fn validate(src: &str, caps: naga::valid::Capabilities) -> std::result::Result<(), String> {
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
-    let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
-    v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
-    v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
-    let info = v.validate(&module).map_err(|e| e.emit_to_string(src))?;
-    let opts = naga::back::spv::Options {
-        lang_version: (1, 6),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Restrict,
-            buffer: naga::proc::BoundsCheckPolicy::Restrict,
-            ..Default::default()
-        },
-        force_loop_bounding: true,
-        ..Default::default()
-    };
-    naga::back::spv::write_vec(&module, &info, &opts, None).map_err(|e| format!("SPIR-V: {e:?}"))?;
-    Ok(())
-}
-
 #[test]
 fn every_kernel_specialisation_validates_with_naga() {
     let _turn = serial();
@@ -319,7 +298,7 @@ fn every_kernel_specialisation_validates_with_naga() {
             MatmulPath::TiledF16 => base | C::SHADER_FLOAT16,
             _ => base,
         };
-        if let Err(e) = validate(src, caps) {
+        if let Err(e) = validate_wgsl_for_vulkan(src, caps) {
             panic!("{label}:\n{e}");
         }
     }

@@ -8,6 +8,9 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use anygpu_core::ops::rope::RopeOpts;
+use anygpu_core::ops::rope_kv::rope_qkv_store;
+use anygpu_core::quant::fused::RopeKvStore;
 use anygpu_core::quant::gpu::{
     gather_rows_opts, qmatmul_opts, QKernel, QOptions, MATVEC_MAX_N, NORM_PROLOGUE_MAX_COLS,
 };
@@ -336,6 +339,208 @@ fn fused_products_match_composition() {
     }
 }
 
+/// The rope + KV-cache store epilogue (`qmatmul_rms_rope_kv`: RMSNorm, Q|K|V product, bias, rope
+/// of Q and K, K and V into the caches) against its composition (`qmatmul_rms`, the bias add,
+/// `rope_qkv_store`) run on the same device, both against the CPU's composition: Q and both
+/// whole caches (views one head into a larger buffer, so untouched positions are checked too),
+/// for several types, normal and NeoX rope, rotary_dim < D, freq_factors, a bias, odd head
+/// counts, one token (decode: one dispatch, checked by recording it) and 3 tokens (fused) at
+/// start positions > 0, and 17 tokens (the unfused path); rows wider than the RMSNorm prologue
+/// takes (the norm on its own, the epilogue fused).
+#[test]
+fn rope_kv_epilogue_matches_composition() {
+    let _turn = one_at_a_time();
+    // (type, cols, H, Hkv, D, rotary_dim, neox, freq_factors, bias)
+    let cases = [
+        (GgmlType::Q4_1, 96, 9, 3, 64, 0, false, false, false),
+        (GgmlType::Q4_0, 96, 3, 1, 64, 0, true, false, true),
+        (GgmlType::Q8_0, 64, 3, 1, 64, 32, false, true, false),
+        (GgmlType::Q6K, 256, 9, 3, 64, 32, true, true, true),
+        (GgmlType::Q4K, 256, 2, 1, 16, 0, true, false, false),
+        (GgmlType::F16, 97, 5, 1, 10, 6, true, false, true),
+        (GgmlType::Q8_0, NORM_PROLOGUE_MAX_COLS + 64, 1, 1, 8, 0, false, false, true),
+    ];
+    for (ci, (ty, cols, h, hkv, d, rd, neox, ff, with_bias)) in cases.into_iter().enumerate() {
+        let rows = (h + 2 * hkv) * d;
+        let rot = if rd == 0 { d } else { rd };
+        let opts = RopeOpts {
+            base: 10000.0,
+            neox,
+            rotary_dim: rd,
+            freq_scale: 0.5,
+            freq_factors: ff.then(|| (0..rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect()),
+        };
+        let wb = random_weights(90 + ci as u64, ty, rows, cols);
+        let atol = 4.0 * atol_for(ty, &wb, rows, cols) + 1e-5;
+        let name = format!("rope_kv {ty} cols {cols} H{h} Hkv{hkv} D{d} rd{rd} neox{neox} ff{ff} bias{with_bias}");
+        parity(&name, atol, 1e-4, |dev| {
+            let w = QTensor::from_vec(ty, rows, cols, wb.clone(), dev)?;
+            let g = Tensor::from_vec(rand_vec(91, cols), [cols], &Device::Cpu)?.to_device(dev)?;
+            let norm = RmsNorm { weight: &g, eps: 1e-5 };
+            let bias = match with_bias {
+                true => Some(Tensor::from_vec(rand_vec(92, rows), [rows], &Device::Cpu)?.to_device(dev)?),
+                false => None,
+            };
+            let cap = 24;
+            // Caches one head into a larger buffer: their layout offsets are honoured.
+            let cache = |seed| -> Result<Tensor> {
+                Tensor::from_vec(rand_vec(seed, (hkv + 1) * cap * d), [hkv + 1, cap, d], &Device::Cpu)?
+                    .to_device(dev)?
+                    .narrow(0, 1, hkv)
+            };
+            let mut all = Vec::new();
+            for (t, start_pos) in [(1usize, 5usize), (3, 11), (17, 2)] {
+                let x = upload_x(93 + t as u64, t, cols, dev)?;
+                let (mut kc, mut vc) = (cache(94)?, cache(95)?);
+                let kv = RopeKvStore { rope: &opts, heads: (h, hkv, d), start_pos, k_cache: &mut kc, v_cache: &mut vc };
+                let q = w.qmatmul_rms_rope_kv(&x, norm, bias.as_ref(), kv)?;
+                assert_eq!(q.dims(), &[t, h, d]);
+                all.extend(q.to_vec_f32()?);
+                all.extend(kc.to_vec_f32()?);
+                all.extend(vc.to_vec_f32()?);
+
+                let (mut kc, mut vc) = (cache(94)?, cache(95)?);
+                let mut y = w.qmatmul_rms(&x, norm)?;
+                if let Some(b) = &bias {
+                    y = y.add(b)?;
+                }
+                let q = rope_qkv_store(&y.reshape([t, h + 2 * hkv, d])?, h, start_pos, &opts, &mut kc, &mut vc)?;
+                all.extend(q.to_vec_f32()?);
+                all.extend(kc.to_vec_f32()?);
+                all.extend(vc.to_vec_f32()?);
+
+                if let (Some(ctx), 1) = (dev.gpu(), t) {
+                    // Decode is one dispatch (two when the row is too wide for the prologue).
+                    let (mut kc, mut vc) = (cache(94)?, cache(95)?);
+                    let kv =
+                        RopeKvStore { rope: &opts, heads: (h, hkv, d), start_pos, k_cache: &mut kc, v_cache: &mut vc };
+                    let (_, rec) = ctx.record(|| w.qmatmul_rms_rope_kv(&x, norm, bias.as_ref(), kv))?;
+                    let want = if cols > NORM_PROLOGUE_MAX_COLS { 2 } else { 1 };
+                    assert_eq!(rec.len(), want, "{name}: dispatches of one decode step on {}", dev.name());
+                }
+            }
+            Ok(all)
+        });
+    }
+    let zeros = |shape: &[usize], dev: &Device| Tensor::zeros(shape.to_vec(), anygpu_core::DType::F32, dev);
+    parity_err("qmatmul_rms_rope_kv not a Q|K|V stack", "not a Q|K|V stack", |dev| {
+        let w = QTensor::from_vec(GgmlType::Q8_0, 40, 64, random_weights(6, GgmlType::Q8_0, 40, 64), dev)?;
+        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
+        let kv = RopeKvStore {
+            rope: &RopeOpts::default(),
+            heads: (2, 1, 8),
+            start_pos: 0,
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+        };
+        w.qmatmul_rms_rope_kv(&upload_x(1, 1, 64, dev)?, RmsNorm { weight: &g, eps: 1e-5 }, None, kv)
+    });
+    parity_err("qmatmul_rms_rope_kv past the cache", "exceed the cache", |dev| {
+        let w = QTensor::from_vec(GgmlType::Q8_0, 32, 64, random_weights(6, GgmlType::Q8_0, 32, 64), dev)?;
+        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
+        let kv = RopeKvStore {
+            rope: &RopeOpts::default(),
+            heads: (2, 1, 8),
+            start_pos: 3,
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+        };
+        w.qmatmul_rms_rope_kv(&upload_x(1, 2, 64, dev)?, RmsNorm { weight: &g, eps: 1e-5 }, None, kv)
+    });
+    parity_err("qmatmul_rms_rope_kv bad bias", "does not match", |dev| {
+        let w = QTensor::from_vec(GgmlType::Q8_0, 32, 64, random_weights(6, GgmlType::Q8_0, 32, 64), dev)?;
+        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
+        let kv = RopeKvStore {
+            rope: &RopeOpts::default(),
+            heads: (2, 1, 8),
+            start_pos: 0,
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+        };
+        w.qmatmul_rms_rope_kv(
+            &upload_x(1, 1, 64, dev)?,
+            RmsNorm { weight: &g, eps: 1e-5 },
+            Some(&zeros(&[31], dev)?),
+            kv,
+        )
+    });
+}
+
+/// The combine prologue (`qmatmul_add_combined`: flash-decoding's merge of a split attention
+/// inside the output projection) against its composition on the same device (attention with
+/// the same forced splits, merged by attention_combine, then `qmatmul_add`), both against the
+/// CPU's attention + `qmatmul_add`: several types, head counts (9 x 64 as SmolLM2, 3 x 16, 4 x
+/// 64 for the k-quants), split counts (default, forced, and more splits than the current
+/// length fills: the empty ones must not count), two query rows (the x row -> partials row
+/// mapping), and a head dim that is not a multiple of 4 (the prologue declines: the combine
+/// runs apart). Decode is one dispatch after the attention (checked by recording it).
+#[test]
+fn combine_prologue_matches_composition() {
+    use anygpu_core::ops::attention::{
+        gpu_attention_partials_tuned, gpu_attention_tuned, AttentionOpts, AttentionTiles, AttentionTuning,
+    };
+    let _turn = one_at_a_time();
+    let tiny = Some(AttentionTiles { bq: 4, bk: 4, tr: 4, ct: 4 });
+    // (type, H, Hkv, D, W rows, Tq, keys, cache capacity, tuning, fused)
+    let cases = [
+        (GgmlType::Q4_1, 9, 3, 64, 37, 1, 50, 200, AttentionTuning::default(), true),
+        (GgmlType::Q8_0, 9, 3, 64, 21, 1, 6, 40, AttentionTuning { splits: Some(10), tiles: tiny }, true),
+        (GgmlType::Q4_0, 9, 3, 64, 9, 1, 37, 40, AttentionTuning { splits: Some(3), tiles: tiny }, true),
+        (GgmlType::Q6K, 4, 2, 64, 19, 1, 23, 64, AttentionTuning { splits: Some(5), tiles: None }, true),
+        (GgmlType::F16, 3, 1, 16, 13, 1, 9, 40, AttentionTuning { splits: Some(7), tiles: tiny }, true),
+        (GgmlType::F32, 3, 3, 16, 7, 2, 17, 40, AttentionTuning { splits: Some(4), tiles: tiny }, true),
+        (GgmlType::BF16, 3, 1, 10, 11, 1, 9, 40, AttentionTuning { splits: Some(3), tiles: tiny }, false),
+    ];
+    for (ci, (ty, h, hkv, d, rows, tq, tk, cap, tuning, fused)) in cases.into_iter().enumerate() {
+        let cols = h * d;
+        let wb = random_weights(200 + ci as u64, ty, rows, cols);
+        let atol = 8.0 * atol_for(ty, &wb, rows, cols) + 1e-4;
+        let name = format!("combine prologue {ty} H{h} Hkv{hkv} D{d} rows {rows} Tq{tq} Tk{tk} cap {cap} {tuning:?}");
+        let opts = AttentionOpts::new(d, true);
+        parity(&name, atol, 1e-4, |dev| {
+            let w = QTensor::from_vec(ty, rows, cols, wb.clone(), dev)?;
+            let q = upload_x(201, h * tq, d, dev)?.reshape([1, h, tq, d])?;
+            // Keys and values: views of the first tk positions of [Hkv, cap, D] caches, as a
+            // decode step reads them (the splits are planned on the capacity).
+            let cache = |seed| -> Result<Tensor> {
+                upload_x(seed, hkv * cap, d, dev)?.reshape([hkv, cap, d])?.narrow(1, 0, tk)?.unsqueeze(0)
+            };
+            let (k, v) = (cache(202)?, cache(203)?);
+            let resid = upload_x(204, tq, rows, dev)?;
+            let merged = |a: Tensor| a.permute(&[0, 2, 1, 3])?.reshape([tq, cols]);
+            let Some(ctx) = dev.gpu() else {
+                // The CPU reference, twice (the fused op and its composition on a GPU).
+                let y = w.qmatmul_add(&merged(q.attention(&k, &v, &opts)?)?, &resid)?.to_vec_f32()?;
+                return Ok([y.clone(), y].concat());
+            };
+            let parts = gpu_attention_partials_tuned(&q, &k, &v, &opts, tuning)?.expect("the keys are split");
+            assert!(parts.n_splits() > 1, "{name}");
+            let mut all = w.qmatmul_add_combined(&parts, &resid)?.to_vec_f32()?;
+            let a = gpu_attention_tuned(&q, &k, &v, &opts, tuning)?;
+            all.extend(w.qmatmul_add(&merged(a)?, &resid)?.to_vec_f32()?);
+            // One dispatch (the product) after the attention's, or the combine and the
+            // product where the prologue declines.
+            let (_, rec) = ctx.record(|| w.qmatmul_add_combined(&parts, &resid))?;
+            assert_eq!(rec.len(), if fused { 1 } else { 2 }, "{name}: dispatches on {}", dev.name());
+            Ok(all)
+        });
+    }
+    // A partials / weights mismatch is an error, not a panic.
+    for dev in gpu_devices() {
+        let opts = AttentionOpts::new(16, true);
+        let q = upload_x(1, 3, 16, dev).and_then(|q| q.reshape([1, 3, 1, 16])).unwrap();
+        let k = upload_x(2, 40, 16, dev).and_then(|k| k.reshape([1, 1, 40, 16])).unwrap();
+        let tuning = AttentionTuning { splits: Some(4), tiles: tiny };
+        let parts = gpu_attention_partials_tuned(&q, &k, &k, &opts, tuning).unwrap().expect("split");
+        let w = QTensor::from_vec(GgmlType::F32, 5, 40, random_weights(3, GgmlType::F32, 5, 40), dev).unwrap();
+        let err = w.qmatmul_add_combined(&parts, &upload_x(4, 1, 5, dev).unwrap()).expect_err("cols").to_string();
+        assert!(err.contains("does not match"), "{err}");
+        let w = QTensor::from_vec(GgmlType::F32, 5, 48, random_weights(3, GgmlType::F32, 5, 48), dev).unwrap();
+        let err = w.qmatmul_add_combined(&parts, &upload_x(4, 1, 6, dev).unwrap()).expect_err("resid").to_string();
+        assert!(err.contains("does not match"), "{err}");
+    }
+}
+
 /// Per call of `f` (after warm-up), in µs: the host time recording `iters` calls, and the GPU
 /// time running them (the batch is submitted at the sync, so that time is the device's alone,
 /// plus one submit).
@@ -419,6 +624,307 @@ fn bench() {
                     2.0 * (rows * cols * n) as f64 / us / 1e3
                 );
             }
+        }
+    }
+}
+
+// ---- the cooperative-matrix prefill kernel (quant/coop.rs) ----------------------------------
+
+/// The types the coop kernel takes (F32 and BF16 weights do not round safely to f16).
+fn coop_types() -> Vec<GgmlType> {
+    TYPES.into_iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16)).collect()
+}
+
+/// Columns for the coop tests: several 32-column K steps, an odd count of them (the double
+/// buffer ends on either side); F16 rows that end mid-step, read by scalar (97) or vec4 (100)
+/// x loads.
+fn coop_cols(ty: GgmlType) -> Vec<usize> {
+    match ty.block_size() {
+        1 => vec![97, 100],
+        32 => vec![160],
+        _ => vec![512],
+    }
+}
+
+/// The coop kernel's test knobs (x tile, emulation) are process-wide; this puts them back when a
+/// test ends, panics included.
+struct CoopReset;
+impl Drop for CoopReset {
+    fn drop(&mut self) {
+        anygpu_core::quant::coop::set_tile_override(None);
+        anygpu_core::quant::coop::set_emulated(false);
+    }
+}
+
+fn coop_opts(max_binding: Option<u64>) -> QOptions {
+    QOptions { kernel: Some(QKernel::Coop), max_binding, ..Default::default() }
+}
+
+/// Weights whose every dequantized value is a multiple of 2^-6 below 2048 · 2^-6 in magnitude,
+/// so exact in f16: the block scales (d, dmin) are 2^-6, the Q4_1 / Q5_1 offsets -2^-3, Q6_K's
+/// signed scales within ±63 (|sc·(q - 32)| <= 2016), F16 values k/64.
+fn f16_exact_weights(seed: u64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    if ty == GgmlType::F16 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let v = (0..rows * cols).map(|_| f16::from_f32(rng.random_range(-64i32..=64) as f32 / 64.0));
+        return v.flat_map(|h| h.to_le_bytes()).collect();
+    }
+    let mut bytes = random_weights(seed, ty, rows, cols);
+    let d = f16::from_f32(1.0 / 64.0).to_le_bytes();
+    let m = f16::from_f32(-0.125).to_le_bytes();
+    for block in bytes.chunks_mut(ty.type_size()) {
+        for (i, &off) in f16_fields(ty).iter().enumerate() {
+            let is_offset = i == 1 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+            block[off..off + 2].copy_from_slice(if is_offset { &m } else { &d });
+        }
+        if ty == GgmlType::Q6K {
+            for s in &mut block[192..208] {
+                *s = ((*s as i8) % 64) as u8;
+            }
+        }
+    }
+    bytes
+}
+
+/// x of multiples of 1/8 in [-2, 2]: exact in f16.
+fn f16_exact_x(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-16i32..=16) as f32 / 8.0).collect()
+}
+
+/// The coop kernel on f16-exact data equals the CPU product: every dequantized weight and x is
+/// exact in f16, every product x·w is a multiple of 2^-9 of magnitude <= 63, and every partial
+/// sum (at most 512 terms: < 2^15) then fits f32's 24 bits, so both sides compute the exact
+/// sum whatever the order or the rounding mode. Any indexing slip (a lost column, a wrong row,
+/// a stale buffer) changes an output by at least 2^-9, above the 1e-3 allowed. For every type:
+/// both x tiles (64, 128), odd shapes (rows 131: two W tiles, the second mostly empty; n 130
+/// and 5), one binding and row slices of ~48 rows (the x rows then come in chunks too, at
+/// offsets inside their bindings), and the default kernel choice.
+///
+/// On devices with cooperative matrices the kernel runs as it is; elsewhere (lavapipe) forcing
+/// it must fail with `Unsupported` and the reason, and the kernel runs with the cooperative
+/// matrices emulated (`coop::set_emulated`) for Q4_0, Q4_K and F16 (97 columns): everything but
+/// the coop operations themselves, whose conventions are those of ops/matmul_coop.wgsl; BX = 64
+/// only where the 40 KiB that BX = 128 needs even emulated are not available (lavapipe: 32).
+#[test]
+fn coop_kernel_matches_cpu_exactly() {
+    use anygpu_core::quant::coop;
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let mut ran = Vec::new();
+    for ty in coop_types() {
+        for cols in coop_cols(ty) {
+            let rows = 131;
+            let bytes = f16_exact_weights(ty.id() as u64 + 300, ty, rows, cols);
+            let w_cpu = QTensor::from_vec(ty, rows, cols, bytes.clone(), &Device::Cpu).unwrap();
+            let sliced = 256 + 48 * w_cpu.row_bytes() as u64;
+            for n in [130usize, 5] {
+                let x_cpu = Tensor::from_vec(f16_exact_x(n as u64, n * cols), [n, cols], &Device::Cpu).unwrap();
+                let want = w_cpu.qmatmul(&x_cpu).unwrap().to_vec_f32().unwrap();
+                for d in gpu_devices() {
+                    let ctx = d.gpu().expect("a GPU device");
+                    let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
+                    let x = x_cpu.to_device(d).unwrap();
+                    for emulated in [false, true] {
+                        // Emulated pipelines take seconds each to compile on lavapipe: a few
+                        // types cover the kernel's paths (x by vec4 and by element, 18-byte
+                        // blocks, k-quant super-blocks).
+                        if emulated && !matches!((ty, cols), (GgmlType::Q4_0 | GgmlType::Q4K, _) | (GgmlType::F16, 97))
+                        {
+                            continue;
+                        }
+                        coop::set_emulated(emulated);
+                        let what = format!("coop {ty} [{rows}, {cols}] n={n} on {} (emulated: {emulated})", d.name());
+                        if let Some(why) = coop::unsupported_reason(ctx, ty) {
+                            let err = qmatmul_opts(&w, &x, coop_opts(None)).expect_err(&what);
+                            assert!(matches!(err, anygpu_core::Error::Unsupported(_)), "{what}: {err}");
+                            assert!(err.to_string().contains(&why), "{what}: {err}");
+                            continue;
+                        }
+                        if emulated && ctx.caps.cooperative_matrix {
+                            continue; // ran as it is
+                        }
+                        // Emulated BX = 128 needs 40 KiB of workgroup memory (lavapipe: 32).
+                        let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
+                        for bx in if wide { vec![64, 128] } else { vec![64] } {
+                            coop::set_tile_override(Some(bx));
+                            for limit in [None, Some(sliced)] {
+                                let got = qmatmul_opts(&w, &x, coop_opts(limit)).and_then(|y| y.to_vec_f32());
+                                let got = got.unwrap_or_else(|e| panic!("{what} BX={bx} {limit:?}: {e}"));
+                                check_close(&format!("{what} BX={bx} binding {limit:?}"), &got, &want, 1e-3, 0.0)
+                                    .unwrap_or_else(|m| panic!("{m}"));
+                            }
+                        }
+                        coop::set_tile_override(None);
+                        let got = w.qmatmul(&x).unwrap().to_vec_f32().unwrap();
+                        check_close(&format!("{what} default kernel"), &got, &want, 1e-3, 0.0)
+                            .unwrap_or_else(|m| panic!("{m}"));
+                        ran.push(format!(
+                            "{ty} cols={cols} n={n} on {}{}",
+                            d.name(),
+                            if emulated { " emulated" } else { "" }
+                        ));
+                    }
+                    coop::set_emulated(false);
+                }
+            }
+        }
+    }
+    // F32 and BF16 weights never take it, on any device.
+    for ty in [GgmlType::F32, GgmlType::BF16] {
+        for d in gpu_devices() {
+            let w = QTensor::from_vec(ty, 7, 64, random_weights(9, ty, 7, 64), d).unwrap();
+            let err = qmatmul_opts(&w, &upload_x(3, 20, 64, d).unwrap(), coop_opts(None)).expect_err("F32 / BF16");
+            assert!(err.to_string().contains("do not round safely to f16"), "{err}");
+        }
+    }
+    eprintln!("coop kernel ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
+/// The coop kernel on random data against the CPU's f32 product, within the error that
+/// rounding x and w to f16 allows. Per output y = Σ x_k w_k, with S = Σ |x_k| |w_k|:
+/// - x̂ = x(1 + δ), ŵ = w(1 + ε) with |δ|, |ε| < 2^-10 (one f16 ulp: any rounding mode; 2^-11
+///   under round-to-nearest), so |x̂ŵ - xw| < (2^-9 + 2^-20) |xw|;
+/// - a product of two f16 is exact in f32 (11 + 11 significant bits); the GPU's f32
+///   accumulation (tensor cores align and truncate within each 16-term step) and the CPU's, in
+///   another order, each add at most ~cols · 2^-23 · S.
+///
+/// Bound: (2^-9 + 2^-20 + 3 · cols · 2^-23) · S, checked per output (x in [-1, 1] is never
+/// clamped). Typical errors are far smaller (the roundings have random signs); the exact test
+/// above is the sharp one.
+#[test]
+fn coop_kernel_within_f16_rounding_of_cpu() {
+    use anygpu_core::quant::coop;
+    let _turn = one_at_a_time();
+    let (rows, n) = (131usize, 130usize);
+    for ty in coop_types() {
+        for cols in coop_cols(ty) {
+            let bytes = random_weights(ty.id() as u64 + 500, ty, rows, cols);
+            let w_cpu = QTensor::from_vec(ty, rows, cols, bytes.clone(), &Device::Cpu).unwrap();
+            let xs = rand_vec(77, n * cols);
+            let x_cpu = Tensor::from_vec(xs.clone(), [n, cols], &Device::Cpu).unwrap();
+            let mut want = None;
+            for d in gpu_devices() {
+                if coop::unsupported_reason(d.gpu().expect("a GPU device"), ty).is_some() {
+                    continue; // checked by coop_kernel_matches_cpu_exactly
+                }
+                let (want, bound) = want.get_or_insert_with(|| {
+                    let y = w_cpu.qmatmul(&x_cpu).unwrap().to_vec_f32().unwrap();
+                    let wf = dequantize_to_vec(ty, &bytes, rows * cols).unwrap();
+                    let k = 2f64.powi(-9) + 2f64.powi(-20) + 3.0 * cols as f64 * 2f64.powi(-23);
+                    let mut bound = Vec::with_capacity(n * rows);
+                    for xr in xs.chunks(cols) {
+                        for wr in wf.chunks(cols) {
+                            let s: f64 = xr.iter().zip(wr).map(|(a, b)| (a.abs() * b.abs()) as f64).sum();
+                            bound.push((k * s) as f32 + 1e-6);
+                        }
+                    }
+                    (y, bound)
+                });
+                let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
+                let got = qmatmul_opts(&w, &x_cpu.to_device(d).unwrap(), coop_opts(None))
+                    .and_then(|y| y.to_vec_f32())
+                    .unwrap_or_else(|e| panic!("coop {ty} on {}: {e}", d.name()));
+                for (i, ((g, r), b)) in got.iter().zip(want.iter()).zip(bound.iter()).enumerate() {
+                    assert!(
+                        (g - r).abs() <= *b,
+                        "coop {ty} [{rows}, {cols}] on {}: output {i} (x row {}, W row {}): got {g}, CPU {r}, bound {b}",
+                        d.name(),
+                        i / rows,
+                        i % rows
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Parses, validates and translates to SPIR-V with the capabilities wgpu grants a device with
+/// SHADER_F16, SUBGROUP and EXPERIMENTAL_COOPERATIVE_MATRIX, or (`emulated`) with SHADER_F16
+/// only: the tests' emulated variant must not use the others.
+fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), String> {
+    use wgpu::naga::valid::Capabilities as C;
+    let mut caps = C::SHADER_FLOAT16_IN_FLOAT32 | C::SHADER_FLOAT16;
+    if !emulated {
+        caps |= C::COOPERATIVE_MATRIX | C::SUBGROUP;
+    }
+    anygpu_core::testing::validate_wgsl_for_vulkan(src, caps)
+}
+
+/// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses) parses,
+/// validates with the capabilities wgpu grants a device with cooperative matrices, and
+/// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
+/// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
+#[test]
+fn coop_kernel_validates_with_naga() {
+    let variants = anygpu_core::quant::coop::wgsl_variants();
+    assert_eq!(variants.len(), coop_types().len() * 8);
+    for (label, src, emulated) in &variants {
+        if let Err(e) = validate_coop_wgsl(src, *emulated) {
+            panic!("{label}:\n{e}");
+        }
+    }
+}
+
+/// Prefill speed of the tiled and coop kernels at n = 512 on the first GPU, for the shapes of
+/// the target models (SmolLM2-135M, a 1B and an 8B llama): GFLOP/s per kernel and coop tile.
+/// `QBENCH_TYPES=Q4_0,F16` picks types.
+/// `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture coop_prefill_speed`
+#[test]
+#[ignore]
+fn coop_prefill_speed() {
+    use anygpu_core::quant::coop;
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let Some(d) = gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained)) else {
+        eprintln!("no GPU");
+        return;
+    };
+    eprintln!("device: {}", d.name());
+    let types = env_list("QBENCH_TYPES");
+    let shapes: [(usize, usize); 12] = [
+        (576, 576),
+        (960, 576),
+        (3072, 576),
+        (576, 1536),
+        (3072, 2048),
+        (2048, 2048),
+        (16384, 2048),
+        (2048, 8192),
+        (6144, 4096),
+        (4096, 4096),
+        (28672, 4096),
+        (4096, 14336),
+    ];
+    let n = 512;
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16] {
+        if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
+            continue;
+        }
+        if let Some(why) = coop::unsupported_reason(d.gpu().expect("a GPU device"), ty) {
+            eprintln!("{why}");
+            return;
+        }
+        for (rows, cols) in shapes {
+            if cols % ty.block_size() != 0 {
+                continue; // K-quants need rows of whole 256-weight blocks
+            }
+            let w = QTensor::from_vec(ty, rows, cols, random_weights(3, ty, rows, cols), d).unwrap();
+            let x = upload_x(4, n, cols, d).unwrap();
+            let flop = 2.0 * (rows * cols * n) as f64;
+            let mut line = format!("prefill {:5} [{rows:5}, {cols:5}] n={n}:", ty.name());
+            for (label, kernel, bx) in [
+                ("tiled", QKernel::Tiled, None),
+                ("coop64", QKernel::Coop, Some(64)),
+                ("coop128", QKernel::Coop, Some(128)),
+                ("coop auto", QKernel::Coop, None),
+            ] {
+                coop::set_tile_override(bx);
+                let opts = QOptions { kernel: Some(kernel), ..Default::default() };
+                let (_, us) = time_us(d, 10, || qmatmul_opts(&w, &x, opts));
+                line.push_str(&format!("  {label} {us:7.1} us {:6.1} TFLOP/s", flop / us / 1e6));
+            }
+            eprintln!("{line}");
         }
     }
 }

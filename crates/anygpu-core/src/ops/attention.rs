@@ -12,7 +12,9 @@
 //! GPU: `attention.wgsl` (one workgroup per block of query rows of one KV head, K/V tiles
 //! through workgroup memory, online softmax), with the key range optionally split over several
 //! workgroups and merged by `attention_combine.wgsl` (flash-decoding) when the rows alone do not
-//! fill the GPU, as in decode.
+//! fill the GPU, as in decode. [`Tensor::attention_partials`] stops after the first pass, for
+//! a consumer that merges the splits itself (the decode step's output projection,
+//! `QTensor::qmatmul_add_combined`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -650,7 +652,8 @@ struct CombineParams {
     n: u32,
     d: u32,
     n_splits: u32,
-    _pad: u32,
+    /// The partials' layout offset.
+    off: u32,
 }
 
 /// Workgroups that keep a large GPU busy; below this the keys are split (flash-decoding).
@@ -660,24 +663,83 @@ pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
     gpu_attention_tuned(q, k, v, opts, AttentionTuning::default())
 }
 
-#[doc(hidden)]
-pub fn gpu_attention_tuned(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    opts: &AttentionOpts,
-    tuning: AttentionTuning,
-) -> Result<Tensor> {
+/// The first pass of a split attention (flash-decoding), not yet merged: per output row
+/// (b, h, i) of [B, Hq, Tq, D], in that order, and per key split s, the D + 2 floats
+/// (m, l, acc[D]): m the split's row max of the scaled scores (log2 domain), l its sum of
+/// exp2(score - m), acc its unnormalised weighted sum of V. Splits that saw no key hold
+/// (-1e30, 0, zeros). The output row is
+///   sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s  (M = max_s m_s; zeros when l sums to 0),
+/// which [`AttentionPartials::combine`] computes (attention_combine.wgsl) and the quantized
+/// matvec's combine prologue computes in workgroup memory (`QTensor::qmatmul_add_combined`:
+/// the output projection of a decode step reads the partials directly, saving a dispatch).
+pub struct AttentionPartials {
+    /// [B * Hq * Tq, n_splits, D + 2] f32 on the GPU.
+    pub(crate) part: Tensor,
+    /// The attention output's shape [B, Hq, Tq, D].
+    pub(crate) shape: [usize; 4],
+    pub(crate) n_splits: usize,
+}
+
+impl AttentionPartials {
+    /// The partials, [B * Hq * Tq, n_splits, D + 2] f32.
+    pub fn part(&self) -> &Tensor {
+        &self.part
+    }
+    /// The merged output's shape [B, Hq, Tq, D].
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+    pub fn n_splits(&self) -> usize {
+        self.n_splits
+    }
+
+    /// The second pass: the attention output [B, Hq, Tq, D] (f32), one dispatch.
+    pub fn combine(&self) -> Result<Tensor> {
+        let out = Tensor::gpu_empty(self.shape.to_vec(), DType::F32, self.part.device())?;
+        let ctx = gpu_of(OP, &self.part)?;
+        let u = |x: usize| to_u32(OP, x);
+        let n_out = out.numel();
+        if n_out == 0 {
+            return Ok(out);
+        }
+        let cparams = CombineParams {
+            n: u(n_out)?,
+            d: u(self.shape[3])?,
+            n_splits: u(self.n_splits)?,
+            off: u(self.part.layout().offset)?,
+        };
+        let combine = ctx.pipeline(
+            &KernelSpec::new("attention_combine", include_str!("attention_combine.wgsl"), "attention_combine"),
+            &[],
+        )?;
+        ctx.dispatch(
+            &combine,
+            "attention_combine",
+            bytemuck::bytes_of(&cparams),
+            &[Bind::Whole(buf(&self.part)?), Bind::Whole(buf(&out)?)],
+            ctx.grid_1d(u(n_out.div_ceil(256))?),
+        )?;
+        Ok(out)
+    }
+}
+
+/// What one attention call dispatches: its kernel, grid, params and key splits.
+struct Plan {
+    ctx: Arc<GpuContext>,
+    s: Dims,
+    params: Params,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    n_wg: u32,
+    splits: usize,
+}
+
+/// Checks the inputs and plans the call; None when there is nothing to dispatch (no keys, or
+/// an empty output).
+fn plan(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts, tuning: AttentionTuning) -> Result<Option<Plan>> {
     let s = check(q, k, v)?;
     let ctx = gpu_of(OP, q)?;
-    let dev = q.device();
-    if s.tk == 0 {
-        // Softmax over no keys: every row is empty, the output zeros.
-        return Tensor::zeros(s.out_shape(), DType::F32, dev);
-    }
-    let out = Tensor::gpu_empty(s.out_shape(), DType::F32, dev)?;
-    if out.numel() == 0 {
-        return Ok(out);
+    if s.tk == 0 || s.out_shape().iter().product::<usize>() == 0 {
+        return Ok(None);
     }
     let g = s.hq / s.hkv;
     let rows = g * s.tq;
@@ -742,35 +804,79 @@ pub fn gpu_attention_tuned(
         ks: st(k)?,
         vs: st(v)?,
     };
-
     let pipeline = attention_pipeline(&ctx, &s, tiles, k, v)?;
     let n_wg = u(splits * base_wgs)?;
-    let (bq, bk_, bv) = (buf(q)?, buf(k)?, buf(v)?);
+    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits }))
+}
 
-    if splits == 1 {
-        let binds = [Bind::Whole(bq), Bind::Whole(bk_), Bind::Whole(bv), Bind::Whole(buf(&out)?)];
-        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(n_wg))?;
+impl Plan {
+    /// Runs the attention kernel writing into `out`: the output rows (one split) or the
+    /// partials.
+    fn dispatch(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Result<()> {
+        let binds = [Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(out)?)];
+        self.ctx.dispatch(&self.pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
+    }
+
+    /// The first pass of a split call into a new partials tensor.
+    fn partials(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<AttentionPartials> {
+        let s = &self.s;
+        let rows = s.b * s.hq * s.tq;
+        let part = Tensor::gpu_empty(vec![rows, self.splits, s.d + 2], DType::F32, q.device())?;
+        self.dispatch(q, k, v, &part)?;
+        Ok(AttentionPartials { part, shape: [s.b, s.hq, s.tq, s.d], n_splits: self.splits })
+    }
+}
+
+#[doc(hidden)]
+pub fn gpu_attention_tuned(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    tuning: AttentionTuning,
+) -> Result<Tensor> {
+    let Some(plan) = plan(q, k, v, opts, tuning)? else {
+        let s = check(q, k, v)?;
+        if s.tk == 0 {
+            // Softmax over no keys: every row is empty, the output zeros.
+            return Tensor::zeros(s.out_shape(), DType::F32, q.device());
+        }
+        return Tensor::gpu_empty(s.out_shape(), DType::F32, q.device());
+    };
+    if plan.splits == 1 {
+        let out = Tensor::gpu_empty(plan.s.out_shape(), DType::F32, q.device())?;
+        plan.dispatch(q, k, v, &out)?;
         return Ok(out);
     }
     // Flash-decoding: partial (m, l, acc) per row and split, then the combine pass.
-    let n_out = out.numel();
-    let part_bytes = (n_out / s.d * splits * (s.d + 2) * 4) as u64;
-    let part = ctx.alloc(part_bytes)?;
-    let binds = [Bind::Whole(bq), Bind::Whole(bk_), Bind::Whole(bv), Bind::Whole(&part)];
-    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(n_wg))?;
-    let cparams = CombineParams { n: u(n_out)?, d: u(s.d)?, n_splits: u(splits)?, _pad: 0 };
-    let combine = ctx.pipeline(
-        &KernelSpec::new("attention_combine", include_str!("attention_combine.wgsl"), "attention_combine"),
-        &[],
-    )?;
-    ctx.dispatch(
-        &combine,
-        "attention_combine",
-        bytemuck::bytes_of(&cparams),
-        &[Bind::Whole(&part), Bind::Whole(buf(&out)?)],
-        ctx.grid_1d(u(n_out.div_ceil(256))?),
-    )?;
-    Ok(out)
+    plan.partials(q, k, v)?.combine()
+}
+
+/// The attention's first pass alone when it splits the keys (see [`AttentionPartials`]);
+/// `None`, with nothing dispatched, when it would not split (then [`gpu_attention`] runs it
+/// whole), when there are no keys or when the output is empty.
+pub fn gpu_attention_partials(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+) -> Result<Option<AttentionPartials>> {
+    gpu_attention_partials_tuned(q, k, v, opts, AttentionTuning::default())
+}
+
+/// [`gpu_attention_partials`] with the overrides of `tuning` (tests force splits).
+#[doc(hidden)]
+pub fn gpu_attention_partials_tuned(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    tuning: AttentionTuning,
+) -> Result<Option<AttentionPartials>> {
+    match plan(q, k, v, opts, tuning)? {
+        Some(plan) if plan.splits > 1 => plan.partials(q, k, v).map(Some),
+        _ => Ok(None),
+    }
 }
 
 impl Tensor {
@@ -780,5 +886,22 @@ impl Tensor {
         same_device(OP, self, k)?;
         same_device(OP, self, v)?;
         self.device().backend().attention(self, k, v, opts)
+    }
+
+    /// The attention's first pass alone, when it runs on a GPU and splits the keys
+    /// (flash-decoding): see [`AttentionPartials`]. `None`, with nothing dispatched, on the CPU
+    /// or when the keys are not split: then run [`Tensor::attention`].
+    pub fn attention_partials(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        opts: &AttentionOpts,
+    ) -> Result<Option<AttentionPartials>> {
+        same_device(OP, self, k)?;
+        same_device(OP, self, v)?;
+        if self.device().gpu().is_none() {
+            return Ok(None);
+        }
+        gpu_attention_partials(self, k, v, opts)
     }
 }

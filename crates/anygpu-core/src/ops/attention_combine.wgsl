@@ -2,13 +2,15 @@
 // per output row, (m, l, acc[D]) with m its row max in the log2 domain, l its sum of
 // exp2(s - m) and acc the unnormalised weighted sum of V. Rescaled to the common max M:
 //   out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
-// One thread per output element; the few (m, l) reads it repeats hit the cache.
+// One thread per output element; the few (m, l) reads it repeats hit the cache. (The decode
+// step's output projection can do this merge itself: the combine prologue of
+// quant/matvec.wgsl, see x_side in quant/gpu.rs.)
 
 struct Params {
     n: u32,
     d: u32,
     n_splits: u32,
-    _pad: u32,
+    off: u32, // the partials' first element
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,7 +29,7 @@ fn attention_combine(
     let row = idx / p.d;
     let col = idx % p.d;
     let stride = p.d + 2u;
-    let base = row * p.n_splits * stride;
+    let base = p.off + row * p.n_splits * stride;
     var mx = -1.0e30;
     for (var s = 0u; s < p.n_splits; s++) {
         mx = max(mx, part[base + s * stride]);

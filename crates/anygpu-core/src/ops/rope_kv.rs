@@ -49,21 +49,7 @@ pub fn rope_qkv_store(
         return Err(Error::shape(OP, format!("y must be [T, H + 2 Hkv, D] with H = {h}, got {}", y.shape())));
     }
     let (t, hkv, d) = (dims[0], (dims[1] - h) / 2, dims[2]);
-    for c in [&*k_cache, &*v_cache] {
-        let cd = c.dims();
-        if cd.len() != 3 || cd[0] != hkv || cd[2] != d || c.dtype() != DType::F32 || !c.is_contiguous() {
-            return Err(Error::shape(
-                OP,
-                format!("cache {} ({}) is not a contiguous f32 [{hkv}, cap, {d}]", c.shape(), c.dtype()),
-            ));
-        }
-        if start_pos + t > cd[1] {
-            return Err(Error::shape(
-                OP,
-                format!("positions {start_pos}..{} exceed the cache's {}", start_pos + t, cd[1]),
-            ));
-        }
-    }
+    check_caches(OP, t, hkv, d, start_pos, k_cache, v_cache)?;
     if y.device().gpu().is_some() {
         gpu_rope_qkv_store(y, h, hkv, start_pos, opts, k_cache, v_cache)
     } else {
@@ -74,6 +60,38 @@ pub fn rope_qkv_store(
         v_cache.write_at(1, start_pos, &v.permute(&[1, 0, 2])?)?;
         Ok(q)
     }
+}
+
+/// Checks that `k_cache` and `v_cache` are contiguous f32 [hkv, cap, d] with room for positions
+/// `start_pos..start_pos + t`.
+pub(crate) fn check_caches(
+    op: &'static str,
+    t: usize,
+    hkv: usize,
+    d: usize,
+    start_pos: usize,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<()> {
+    for c in [k_cache, v_cache] {
+        let cd = c.dims();
+        if cd.len() != 3 || cd[0] != hkv || cd[2] != d || c.dtype() != DType::F32 || !c.is_contiguous() {
+            return Err(Error::shape(
+                op,
+                format!("cache {} ({}) is not a contiguous f32 [{hkv}, cap, {d}]", c.shape(), c.dtype()),
+            ));
+        }
+        if start_pos.saturating_add(t) > cd[1] {
+            return Err(Error::shape(
+                op,
+                format!("positions {start_pos}..{} exceed the cache's {}", start_pos.saturating_add(t), cd[1]),
+            ));
+        }
+    }
+    if !k_cache.device().same(v_cache.device()) {
+        return Err(Error::mismatch(op, "the key and value caches are on different devices"));
+    }
+    Ok(())
 }
 
 fn gpu_rope_qkv_store(

@@ -1,14 +1,19 @@
 //! Fused weight products for the decode step, where every dispatch costs more than the small
 //! matrices it multiplies (~4-5 µs of GPU time each on the H100, back to back): row-stacked
-//! matrices (Q|K|V, gate|up) read in one dispatch, the matvec kernel's prologue (RMSNorm of x)
-//! and epilogues (the residual add, the SwiGLU gate). Every fused product equals its
-//! unfused composition, which is also what runs where the fused kernel does not apply (the CPU,
-//! more than `MATVEC_MAX_N` x rows, a GLU matrix split over several bindings).
+//! matrices (Q|K|V, gate|up) read in one dispatch, the matvec kernel's prologues (RMSNorm of x;
+//! the merge of a split attention's partials into x, flash-decoding's second pass) and
+//! epilogues (the residual add, the SwiGLU gate, rope + the KV-cache store). Every fused
+//! product equals its unfused composition, which is also what runs where the fused kernel does
+//! not apply (the CPU, more than `MATVEC_MAX_N` x rows, a paired-row matrix split over several
+//! bindings, partials too large to re-read in every workgroup).
 
-use super::gpu::{qmatvec_fused, Epilogue, QOptions};
+use super::gpu::{qmatvec_fused, Epilogue, Prologue, QOptions, RopeKvEpilogue};
 use super::{QStorage, QTensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ops::attention::AttentionPartials;
+use crate::ops::rope::{plan, RopeOpts};
+use crate::ops::rope_kv::{check_caches, rope_qkv_store};
 use crate::tensor::{DType, Tensor};
 
 /// An RMSNorm applied to a product's input: `x / sqrt(mean(x^2) + eps) * weight`.
@@ -17,6 +22,27 @@ pub struct RmsNorm<'a> {
     /// [cols] f32, on the weights' device.
     pub weight: &'a Tensor,
     pub eps: f32,
+}
+
+/// The attention side of [`QTensor::qmatmul_rms_rope_kv`]: the rope of Q and K, and the KV
+/// caches the keys and values of the new positions are written into.
+pub struct RopeKvStore<'a> {
+    pub rope: &'a RopeOpts,
+    /// (H, Hkv, D): Q heads, key/value heads, head dim. W stacks Q|K|V, [(H + 2 Hkv) D, cols].
+    pub heads: (usize, usize, usize),
+    /// The position of x's first row.
+    pub start_pos: usize,
+    /// [Hkv, cap, D] f32, contiguous (views of a larger buffer are fine).
+    pub k_cache: &'a mut Tensor,
+    pub v_cache: &'a mut Tensor,
+}
+
+/// The matvec prologue of an optional RMSNorm.
+fn prologue(norm: Option<RmsNorm<'_>>) -> Prologue<'_> {
+    match norm {
+        Some(n) => Prologue::RmsNorm(n.weight, n.eps),
+        None => Prologue::None,
+    }
 }
 
 impl QTensor {
@@ -75,11 +101,54 @@ impl QTensor {
             ));
         }
         if self.device().gpu().is_some() && resid.device().same(self.device()) {
-            if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), None, QOptions::default())? {
+            if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), Prologue::None, QOptions::default())? {
                 return y.reshape(resid.shape().clone());
             }
         }
         resid.add(&self.qmatmul(x)?)
+    }
+
+    /// `resid + x @ W^T` where x is the output of a split attention still in its partials:
+    /// x = `a.combine()` [B, H, Tq, D] seen as [B * Tq, H * D] (the heads of a token side by
+    /// side, as `permute([0, 2, 1, 3])` + reshape lays them out), resid [B * Tq, rows] (any
+    /// shape with that many elements and rows last; the result takes it). The decode step's
+    /// output projection: on a GPU, one dispatch whose workgroups each merge the partials
+    /// (`attention_combine.wgsl`'s work) into workgroup memory before their products, where
+    /// the partials are small enough to re-read per workgroup (SmolLM2: yes; 8B shapes: no, see
+    /// `quant::gpu::COMBINE_PROLOGUE_MAX_BYTES`); otherwise (and on the CPU, where there are no
+    /// partials) the combine, then [`QTensor::qmatmul_add`].
+    pub fn qmatmul_add_combined(&self, a: &AttentionPartials, resid: &Tensor) -> Result<Tensor> {
+        const OP: &str = "qmatmul_add_combined";
+        let [b, h, tq, d] = a.shape();
+        let n = b * tq;
+        if !a.part().device().same(self.device()) {
+            return Err(Error::mismatch(OP, "the attention partials are not on the weights' device"));
+        }
+        if h * d != self.cols() {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "attention output [{b}, {h}, {tq}, {d}] does not match weights [{}, {}]",
+                    self.rows(),
+                    self.cols()
+                ),
+            ));
+        }
+        if resid.numel() != n * self.rows() || resid.dims().last() != Some(&self.rows()) || resid.dtype() != DType::F32
+        {
+            return Err(Error::shape(
+                OP,
+                format!("residual {} does not match the product [{n}, {}]", resid.shape(), self.rows()),
+            ));
+        }
+        if self.device().gpu().is_some() && resid.device().same(self.device()) {
+            let epi = Epilogue::Add(resid);
+            if let Some(y) = qmatvec_fused(self, a.part(), epi, Prologue::Combine(a), QOptions::default())? {
+                return y.reshape(resid.shape().clone());
+            }
+        }
+        let x = a.combine()?.permute(&[0, 2, 1, 3])?.reshape([n, h * d])?;
+        self.qmatmul_add(&x, resid)
     }
 
     /// `rms_norm(x, norm) @ W^T`.
@@ -88,7 +157,7 @@ impl QTensor {
         self.check_input(OP, x)?;
         if self.device().gpu().is_some() {
             if let Some(y) =
-                qmatvec_fused(self, x, Epilogue::Store, Some((norm.weight, norm.eps)), QOptions::default())?
+                qmatvec_fused(self, x, Epilogue::Store, Prologue::RmsNorm(norm.weight, norm.eps), QOptions::default())?
             {
                 return Ok(y);
             }
@@ -115,7 +184,7 @@ impl QTensor {
             return Err(Error::shape(OP, format!("a gate|up stack needs an even row count, got {}", self.rows())));
         }
         if self.device().gpu().is_some() {
-            if let Some(y) = qmatvec_fused(self, x, Epilogue::Glu, norm.map(|n| (n.weight, n.eps)), opts)? {
+            if let Some(y) = qmatvec_fused(self, x, Epilogue::Glu, prologue(norm), opts)? {
                 return Ok(y);
             }
         }
@@ -125,7 +194,7 @@ impl QTensor {
                 normed = x.rms_norm(Some(n.weight), n.eps)?;
                 // The norm could not be fused (a wide row): the GLU epilogue still can.
                 if self.device().gpu().is_some() {
-                    if let Some(y) = qmatvec_fused(self, &normed, Epilogue::Glu, None, opts)? {
+                    if let Some(y) = qmatvec_fused(self, &normed, Epilogue::Glu, Prologue::None, opts)? {
                         return Ok(y);
                     }
                 }
@@ -140,5 +209,78 @@ impl QTensor {
         };
         let last = y.rank() - 1;
         y.narrow(last, 0, f)?.silu()?.mul(&y.narrow(last, f, f)?)
+    }
+
+    /// The attention input of T tokens x [T, cols] at positions `start_pos..start_pos + T`:
+    /// `y = rms_norm(x, norm) @ W^T (+ bias)` over the Q|K|V stack W, seen as [T, H + 2 Hkv, D];
+    /// rope of its Q and K heads; K and V written into the caches at those positions. Returns Q
+    /// [T, H, D]. Equals `qmatmul_rms`, the bias add and `ops::rope_kv::rope_qkv_store`; on a GPU
+    /// for up to `MATVEC_MAX_N` tokens, one dispatch (the matvec kernel's rope epilogue) instead
+    /// of two or three.
+    pub fn qmatmul_rms_rope_kv(
+        &self,
+        x: &Tensor,
+        norm: RmsNorm<'_>,
+        bias: Option<&Tensor>,
+        kv: RopeKvStore<'_>,
+    ) -> Result<Tensor> {
+        const OP: &str = "qmatmul_rms_rope_kv";
+        self.check_input(OP, x)?;
+        let (h, hkv, d) = kv.heads;
+        let t = x.numel() / self.cols().max(1);
+        let heads = hkv.checked_mul(2).and_then(|k| k.checked_add(h));
+        if heads.and_then(|n| n.checked_mul(d)) != Some(self.rows()) {
+            return Err(Error::shape(
+                OP,
+                format!("weights [{}, {}] are not a Q|K|V stack of H {h}, Hkv {hkv}, D {d}", self.rows(), self.cols()),
+            ));
+        }
+        if let Some(b) = bias {
+            if b.numel() != self.rows() || b.dtype() != DType::F32 || !b.device().same(self.device()) {
+                return Err(Error::shape(
+                    OP,
+                    format!("bias {} ({}) does not match the {} rows", b.shape(), b.dtype(), self.rows()),
+                ));
+            }
+        }
+        check_caches(OP, t, hkv, d, kv.start_pos, kv.k_cache, kv.v_cache)?;
+        if !kv.k_cache.device().same(self.device()) {
+            return Err(Error::mismatch(OP, "the KV caches are not on the weights' device"));
+        }
+        let y = if self.device().gpu().is_some() {
+            // The rope plan (checks the options) of the [T, Hkv, D] positions written.
+            let p = plan(&kv.k_cache.narrow(1, kv.start_pos, t)?.permute(&[1, 0, 2])?, kv.start_pos, kv.rope)?;
+            let epi = RopeKvEpilogue {
+                h,
+                hkv,
+                d,
+                start_pos: kv.start_pos,
+                opts: kv.rope,
+                half: p.half,
+                theta_scale: p.theta_scale,
+                k_cache: kv.k_cache,
+                v_cache: kv.v_cache,
+                bias,
+            };
+            let nw = Prologue::RmsNorm(norm.weight, norm.eps);
+            if let Some(q) = qmatvec_fused(self, x, Epilogue::RopeKv(&epi), nw, QOptions::default())? {
+                return Ok(q);
+            }
+            // A row too wide for the RMSNorm prologue: the norm runs on its own, the rope
+            // epilogue still can.
+            let normed = x.rms_norm(Some(norm.weight), norm.eps)?;
+            if let Some(q) = qmatvec_fused(self, &normed, Epilogue::RopeKv(&epi), Prologue::None, QOptions::default())?
+            {
+                return Ok(q);
+            }
+            self.qmatmul(&normed)?
+        } else {
+            self.qmatmul_rms(x, norm)?
+        };
+        let y = match bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        };
+        rope_qkv_store(&y.reshape([t, h + 2 * hkv, d])?, h, kv.start_pos, kv.rope, kv.k_cache, kv.v_cache)
     }
 }

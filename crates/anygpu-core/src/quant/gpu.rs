@@ -62,11 +62,15 @@ use std::sync::{Arc, OnceLock};
 use super::{GgmlType, QStorage, QTensor};
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, GpuBuffer, GpuContext, KernelSpec};
+use crate::ops::attention::AttentionPartials;
+use crate::ops::rope::{RopeOpts, ROPE_MATH_WGSL};
 use crate::ops::to_u32;
 use crate::tensor::{DType, Tensor};
 
-const COMMON_WGSL: &str = include_str!("common.wgsl");
+pub(super) const COMMON_WGSL: &str = include_str!("common.wgsl");
 const MATVEC_WGSL: &str = include_str!("matvec.wgsl");
+const MATVEC_ROPE_WGSL: &str = include_str!("matvec_rope.wgsl");
+const MATVEC_COMBINE_WGSL: &str = include_str!("matvec_combine.wgsl");
 const MATMUL_WGSL: &str = include_str!("matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("gather.wgsl");
 
@@ -85,6 +89,18 @@ pub const MATVEC_MAX_N: usize = 16;
 /// The widest x row the matvec kernel's RMSNorm prologue takes (see `qmatvec_fused`).
 pub const NORM_PROLOGUE_MAX_COLS: usize = 1024;
 
+/// The most bytes of attention partials that the workgroups of one product may read in all
+/// under the combine prologue (`Prologue::Combine`: every workgroup re-reads all of its x row's
+/// partials, n_splits x H x (D + 2) floats, from the cache); above it the separate combine
+/// dispatch runs. SmolLM2's wo product (72 workgroups, H = 9, D = 64) reads 171 KB per split:
+/// 2.7 MB at the 16 splits of a 512-position cache, 22 MB at the 128 of a 4096-position one;
+/// at ~5-7 TB/s of H100 L2 bandwidth the budget should cost ~3-5 µs spread over the
+/// workgroups, less than the ~7.7 µs of the combine dispatch it replaces (an estimate, not yet
+/// measured). 8B shapes (4096 x 4096 wo: 512 workgroups, H = 32, D = 128) would read 8.5 MB
+/// per split (545 MB at the 64 splits of a 4096-position cache): they keep the separate
+/// dispatch.
+pub const COMBINE_PROLOGUE_MAX_BYTES: u64 = 24 << 20;
+
 /// Which kernel a product uses (tests force each one on every shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QKernel {
@@ -92,6 +108,11 @@ pub enum QKernel {
     Matvec,
     /// The tiled matrix-matrix kernel.
     Tiled,
+    /// The tiled product on cooperative matrices (tensor cores; quant/coop.rs): x and the
+    /// dequantized weights rounded to f16, f32 accumulation. The default for more than
+    /// [`MATVEC_MAX_N`] x rows where the device runs it (quantized and F16 weights only);
+    /// forcing it elsewhere is `Error::Unsupported`.
+    Coop,
 }
 
 /// Knobs for tests and benchmarks; `Default` is what `QTensor::qmatmul` uses.
@@ -108,7 +129,7 @@ pub struct QOptions {
 }
 
 /// The WGSL suffix of a type's functions (`mv_q4_0`, `deq8_q4_0`).
-fn wgsl_name(ty: GgmlType) -> &'static str {
+pub(super) fn wgsl_name(ty: GgmlType) -> &'static str {
     match ty {
         GgmlType::F32 => "f32",
         GgmlType::F16 => "f16",
@@ -139,9 +160,17 @@ fn matvec_units(ty: GgmlType, cols: usize) -> usize {
 
 /// Invocations per row: 32 (one warp on NVIDIA), fewer for short rows (about four units each).
 /// Measured on an H100 over 8..256 for every type: 32 was best or within a few percent for
-/// rows of 4096 weights and 4096 to 32000 rows.
-fn threads_per_row(units: usize) -> usize {
-    units.div_ceil(4).next_power_of_two().clamp(1, 32)
+/// rows of 4096 weights and 4096 to 32000 rows. A matrix of few rows would then leave most of
+/// a large GPU idle (SmolLM2's 576 x 1536 down projection: 72 workgroups for 132 SMs), so the
+/// row's invocations double while that gives fewer than 256 workgroups and each invocation
+/// keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode step GPU time
+/// 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
+fn threads_per_row(units: usize, rows: usize) -> usize {
+    let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
+    while tpr < WG && rows.div_ceil(WG / tpr) < 256 && 2 * units >= 3 * (2 * tpr) {
+        tpr *= 2;
+    }
+    tpr
 }
 
 /// A run of W rows bound on their own: `rows` rows from `r0`, bound at byte `bind_off` of the
@@ -251,7 +280,7 @@ struct GatherParams {
 }
 
 /// `src` without the `// @@` sections of other types than `tag` (see common.wgsl).
-fn keep_sections(src: &str, tag: &str) -> String {
+pub(super) fn keep_sections(src: &str, tag: &str) -> String {
     let mut out = String::with_capacity(src.len());
     let mut keep = true;
     for line in src.lines() {
@@ -307,6 +336,164 @@ pub(crate) enum Epilogue<'a> {
     Add(&'a Tensor),
     /// W is [2F, cols], gate rows over up rows: `out = silu(gate) * up`, [.., F].
     Glu,
+    /// W is a Q|K|V stack [(H + 2 Hkv) D, cols]: rope of Q and K, Q to the output [n, H, D], K
+    /// and V into the caches (matvec_rope.wgsl).
+    RopeKv(&'a RopeKvEpilogue<'a>),
+}
+
+/// The arguments of [`Epilogue::RopeKv`], checked by the caller (`QTensor::qmatmul_rms_rope_kv`):
+/// the caches are contiguous f32 [hkv, cap, d] with room for positions start_pos..start_pos + n,
+/// `half` and `theta_scale` come from the rope plan, d is even.
+pub(crate) struct RopeKvEpilogue<'a> {
+    pub h: usize,
+    pub hkv: usize,
+    pub d: usize,
+    /// The position of x row 0.
+    pub start_pos: usize,
+    pub opts: &'a RopeOpts,
+    /// rotary_dim / 2.
+    pub half: usize,
+    pub theta_scale: f32,
+    pub k_cache: &'a Tensor,
+    pub v_cache: &'a Tensor,
+    /// [(H + 2 Hkv) D] f32, added to W x before the rotation (Qwen2's q/k/v bias).
+    pub bias: Option<&'a Tensor>,
+}
+
+/// The params words the rope epilogue adds after [`MatvecParams`] (PARAMS_EXT in matvec.wgsl).
+/// `start_pos` is the only one that moves with the position, linearly, as a replayed decode
+/// step needs.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeKvParams {
+    start_pos: u32,
+    h: u32,
+    hkv: u32,
+    d: u32,
+    half: u32,
+    neox: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    zero: u32,
+    cap: u32,
+    k_off: u32,
+    v_off: u32,
+    b_off: u32,
+    _pad: [u32; 3],
+}
+
+const ROPE_PARAMS_WGSL: &str = "    start_pos: u32,
+    h: u32,
+    hkv: u32,
+    d: u32,
+    half: u32,
+    neox: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    zero: u32,     // always 0 (rope_math.wgsl's opaque())
+    cap: u32,      // cache positions
+    k_off: u32,    // cache layout offsets
+    v_off: u32,
+    b_off: u32,    // bias layout offset
+    _pad3: u32,
+    _pad4: u32,
+    _pad5: u32,";
+
+/// The rope epilogue's bindings (the caches, then the freq_factors and the bias when given),
+/// after the norm weight's binding when `norm`, with `rope_ff` and `rope_bias` (see
+/// matvec_rope.wgsl). One static string per variant, built once.
+fn rope_kv_decl(norm: bool, ff: bool, bias: bool) -> &'static str {
+    static DECLS: [OnceLock<&'static str>; 8] = [const { OnceLock::new() }; 8];
+    DECLS[4 * norm as usize + 2 * ff as usize + bias as usize].get_or_init(|| {
+        let mut b = 4 + norm as u32;
+        let mut next = || {
+            b += 1;
+            b - 1
+        };
+        let mut text = format!(
+            "@group(0) @binding({}) var<storage, read_write> kc: array<f32>;\n\
+             @group(0) @binding({}) var<storage, read_write> vc: array<f32>;\n",
+            next(),
+            next()
+        );
+        text.push_str(&match ff {
+            true => format!(
+                "@group(0) @binding({}) var<storage, read> ff: array<f32>;\n\
+                 fn rope_ff(theta: f32, i: u32) -> f32 {{ return div_rn(theta, ff[i]); }}\n",
+                next()
+            ),
+            false => "fn rope_ff(theta: f32, i: u32) -> f32 { return theta; }\n".to_string(),
+        });
+        text.push_str(&match bias {
+            true => format!(
+                "@group(0) @binding({}) var<storage, read> qkv_bias: array<f32>;\n\
+                 fn rope_bias(r: vec2<u32>) -> vec2<f32> {{ return vec2<f32>(qkv_bias[p.b_off + r.x], qkv_bias[p.b_off + r.y]); }}\n",
+                next()
+            ),
+            false => "fn rope_bias(r: vec2<u32>) -> vec2<f32> { return vec2<f32>(0.0); }\n".to_string(),
+        });
+        Box::leak(text.into_boxed_str())
+    })
+}
+
+/// The matvec source of `ty` with the rope epilogue's functions and the rope angle math
+/// appended (static per type, as [`type_source`]).
+fn rope_source(ty: GgmlType) -> &'static str {
+    static SOURCES: [OnceLock<&'static str>; 13] = [const { OnceLock::new() }; 13];
+    let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
+    SOURCES[ti].get_or_init(|| {
+        let text = format!("{}\n{MATVEC_ROPE_WGSL}\n{ROPE_MATH_WGSL}\n", type_source(Source::Matvec, ty));
+        Box::leak(text.into_boxed_str())
+    })
+}
+
+/// What the matvec kernel does to x before its products (see [`x_side`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Prologue<'a> {
+    /// x read as bound.
+    None,
+    /// `rms_norm(x) * weight`, (weight [cols], eps), staged in workgroup memory.
+    RmsNorm(&'a Tensor, f32),
+    /// x [B * Tq, H * D] merged in workgroup memory from a split attention's partials, which
+    /// are bound in its place (matvec_combine.wgsl). Checked by `qmatvec_fused`: H * D = cols,
+    /// D a multiple of 4, H <= 256, at most `MATVEC_MAX_N` x rows in one dispatch.
+    Combine(&'a AttentionPartials),
+}
+
+impl Prologue<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Prologue::None => "",
+            Prologue::RmsNorm(..) => "_norm",
+            Prologue::Combine(_) => "_comb",
+        }
+    }
+}
+
+/// The params words the combine prologue adds after [`MatvecParams`] (PARAMS_EXT in
+/// matvec.wgsl; never together with the rope epilogue's). None moves with the position.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineParams {
+    tq: u32,
+    off: u32,
+    _pad: [u32; 2],
+}
+
+const COMBINE_PARAMS_WGSL: &str = "    c_tq: u32,     // Tq of the attention: x row b * Tq + i
+    c_off: u32,    // the partials' first element
+    _pc0: u32,
+    _pc1: u32,";
+
+/// The matvec source of `ty` with the combine prologue's functions appended (static per type,
+/// as [`type_source`]).
+fn combine_source(ty: GgmlType) -> &'static str {
+    static SOURCES: [OnceLock<&'static str>; 13] = [const { OnceLock::new() }; 13];
+    let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
+    SOURCES[ti].get_or_init(|| {
+        let text = format!("{}\n{MATVEC_COMBINE_WGSL}\n", type_source(Source::Matvec, ty));
+        Box::leak(text.into_boxed_str())
+    })
 }
 
 impl Epilogue<'_> {
@@ -315,15 +502,27 @@ impl Epilogue<'_> {
             Epilogue::Store => "",
             Epilogue::Add(_) => "_add",
             Epilogue::Glu => "_glu",
+            Epilogue::RopeKv(_) => "_rope_kv",
         }
     }
-    /// (EPILOGUE_DECL, ROWS, STORE) replacements of matvec.wgsl.
-    fn wgsl(&self) -> [(&'static str, &'static str); 3] {
+    /// Whether each workgroup's row slots pair up (first half with second half).
+    fn paired(&self) -> bool {
+        matches!(self, Epilogue::Glu | Epilogue::RopeKv(_))
+    }
+    /// (EPILOGUE_DECL, ROWS, STORE, PARAMS_EXT) replacements of matvec.wgsl; `norm`: the x side
+    /// binds the RMSNorm weight (the epilogue's bindings come after it).
+    fn wgsl(&self, norm: bool) -> [(&'static str, &'static str); 4] {
         const ROWS: &str = "    let orow = (g - xr * p.groups) * RPW + slot;\n    let row = orow;";
         const STORE: &str =
             "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid];\n    }";
+        // Paired slots: slot s and s + RPW / 2 work on output row (GLU) or rope pair orow.
+        macro_rules! pair_rows {
+            () => {
+                "    let half = RPW / 2u;\n    let orow = (g - xr * p.groups) * half + slot % half;\n"
+            };
+        }
         match self {
-            Epilogue::Store => [("EPILOGUE_DECL", ""), ("ROWS", ROWS), ("STORE", STORE)],
+            Epilogue::Store => [("EPILOGUE_DECL", ""), ("ROWS", ROWS), ("STORE", STORE), ("PARAMS_EXT", "")],
             Epilogue::Add(_) => [
                 ("EPILOGUE_DECL", "@group(0) @binding(4) var<storage, read> resid: array<f32>;"),
                 ("ROWS", ROWS),
@@ -331,17 +530,28 @@ impl Epilogue<'_> {
                     "STORE",
                     "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid] + resid[p.r_off + xr * p.out_stride + orow];\n    }",
                 ),
+                ("PARAMS_EXT", ""),
             ],
             Epilogue::Glu => [
                 ("EPILOGUE_DECL", ""),
                 (
                     "ROWS",
-                    "    let half = RPW / 2u;\n    let orow = (g - xr * p.groups) * half + slot % half;\n    let row = orow + select(0u, p.rows, slot >= half);",
+                    concat!(pair_rows!(), "    let row = orow + select(0u, p.rows, slot >= half);"),
                 ),
                 (
                     "STORE",
                     "    if (live && t == 0u && slot < RPW / 2u) {\n        let gate = red[lid];\n        let up = red[lid + (RPW / 2u) * TPR];\n        out[p.out_off + xr * p.out_stride + orow] = gate / (1.0 + exp(-gate)) * up;\n    }",
                 ),
+                ("PARAMS_EXT", ""),
+            ],
+            Epilogue::RopeKv(r) => [
+                ("EPILOGUE_DECL", rope_kv_decl(norm, r.opts.freq_factors.is_some(), r.bias.is_some())),
+                ("ROWS", concat!(pair_rows!(), "    let row = rope_row(orow, slot >= half);")),
+                (
+                    "STORE",
+                    "    if (live && t == 0u && slot < RPW / 2u) {\n        rope_store(xr, orow, vec2<f32>(red[lid], red[lid + (RPW / 2u) * TPR]));\n    }",
+                ),
+                ("PARAMS_EXT", ROPE_PARAMS_WGSL),
             ],
         }
     }
@@ -352,8 +562,53 @@ impl Epilogue<'_> {
 /// the norm weight bound there; the staged row's size is the header constant `XN` (vec4
 /// units for the quantized types, whose rows are whole 32-weight blocks; elements rounded up to
 /// 4 otherwise, of which the first `p.cols` are read).
+/// With `combine`, x is merged from attention partials into workgroup memory instead (the
+/// combine prologue, matvec_combine.wgsl; the same `XN`, `norm_binding` is None).
 /// Static text: built per dispatch, it would cost host time on every product.
-fn x_side(quantized: bool, norm_binding: Option<u32>) -> [(&'static str, &'static str); 3] {
+fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool) -> [(&'static str, &'static str); 3] {
+    if combine {
+        // The partials in x's binding; the per-split weights and the merged row in workgroup
+        // memory (XN vec4 units for the quantized types, elements otherwise: H * D, a multiple
+        // of 4).
+        const PROLOGUE_Q: &str = "    // x row xr merged from the attention partials (matvec_combine.wgsl).
+    let cxr = min(xr, p.n - 1u);
+    comb_weights(cxr, lid);
+    for (var i = lid; i < XN; i += 256u) {
+        x4[i] = comb_x4(cxr, i);
+    }
+    workgroupBarrier();";
+        const PROLOGUE_F: &str = "    // x row xr merged from the attention partials (matvec_combine.wgsl).
+    let cxr = min(xr, p.n - 1u);
+    comb_weights(cxr, lid);
+    for (var i = lid; i < XN / 4u; i += 256u) {
+        let v = comb_x4(cxr, i);
+        x1[4u * i] = v.x;
+        x1[4u * i + 1u] = v.y;
+        x1[4u * i + 2u] = v.z;
+        x1[4u * i + 3u] = v.w;
+    }
+    workgroupBarrier();";
+        return match quantized {
+            true => [
+                (
+                    "X_DECL",
+                    "@group(0) @binding(2) var<storage, read> part: array<f32>;\n\
+                     var<workgroup> cw: array<f32, CH * CS>;\nvar<workgroup> x4: array<vec4<f32>, XN>;",
+                ),
+                ("PROLOGUE", PROLOGUE_Q),
+                ("XB", "0u"),
+            ],
+            false => [
+                (
+                    "X_DECL",
+                    "@group(0) @binding(2) var<storage, read> part: array<f32>;\n\
+                     var<workgroup> cw: array<f32, CH * CS>;\nvar<workgroup> x1: array<f32, XN>;",
+                ),
+                ("PROLOGUE", PROLOGUE_F),
+                ("XB", "0u"),
+            ],
+        };
+    }
     // The RMSNorm of x row xr into workgroup memory, as the rms_norm kernel computes it; the
     // two variants differ in the row length, the square and the store.
     macro_rules! prologue {
@@ -430,26 +685,43 @@ fn x_side(quantized: bool, norm_binding: Option<u32>) -> [(&'static str, &'stati
 
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
 pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Result<Tensor> {
-    qmatmul_with(w, x, n, out_shape, QOptions::default(), Epilogue::Store, None)
+    qmatmul_with(w, x, n, out_shape, QOptions::default(), Epilogue::Store, Prologue::None)
 }
 
 /// The matvec kernel with a fused epilogue, for x [.., cols] with at most [`MATVEC_MAX_N`] rows;
 /// `Ok(None)` when the shapes need the unfused path (more x rows, or a GLU matrix too large for
 /// one binding). Shapes are checked by the caller (`QTensor::qmatmul_add` / `qmatmul_glu`).
-/// `norm` = (weight [cols], eps) applies RMSNorm to x first (the prologue), when a row fits in
-/// workgroup memory.
+/// The prologue `pro`: `RmsNorm` = (weight [cols], eps) applies RMSNorm to x first, when a row
+/// fits in workgroup memory; `Combine` merges x [B * Tq, H * D] from attention partials (then x
+/// is not read: pass the partials' tensor), when they are small enough for every workgroup to
+/// re-read (see [`COMBINE_PROLOGUE_MAX_BYTES`]).
 pub(crate) fn qmatvec_fused(
     w: &QTensor,
     x: &Tensor,
     epi: Epilogue<'_>,
-    norm: Option<(&Tensor, f32)>,
+    pro: Prologue<'_>,
     opts: QOptions,
 ) -> Result<Option<Tensor>> {
-    let n = x.numel() / w.cols().max(1);
     let (_, ctx) = gpu_weights("qmatmul", w)?;
+    let (n, out_dims) = match pro {
+        Prologue::Combine(pa) => {
+            let [b, _, tq, _] = pa.shape;
+            (b * tq, vec![b * tq, w.cols()])
+        }
+        _ => (x.numel() / w.cols().max(1), x.dims().to_vec()),
+    };
     if n == 0 || n > MATVEC_MAX_N || opts.kernel == Some(QKernel::Tiled) {
         return Ok(None);
     }
+    if let Prologue::Combine(pa) = pro {
+        if !combine_fits(w, pa, &ctx, epi, &opts) {
+            return Ok(None);
+        }
+    }
+    let norm = match pro {
+        Prologue::RmsNorm(g, e) => Some((g, e)),
+        _ => None,
+    };
     // The staged row and the reduction array must fit in workgroup memory, and the row must be
     // short: every workgroup stages it before its first product, which on the H100 cost more
     // than the separate rms_norm dispatch it saves for 4096-wide rows (8B shapes: the gate|up
@@ -461,21 +733,59 @@ pub(crate) fn qmatvec_fused(
     {
         return Ok(None);
     }
-    let out_rows = match epi {
-        Epilogue::Glu => {
-            if row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len() > 1 {
+    // Paired rows must sit in one binding.
+    if epi.paired() && row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len() > 1 {
+        return Ok(None);
+    }
+    let mut out_shape = out_dims;
+    match epi {
+        Epilogue::RopeKv(r) => {
+            if r.d == 0 || !r.d.is_multiple_of(2) || w.rows() != (r.h + 2 * r.hkv) * r.d {
                 return Ok(None);
             }
-            w.rows() / 2
+            out_shape = vec![n, r.h, r.d];
         }
-        _ => w.rows(),
-    };
-    let mut out_shape = x.dims().to_vec();
-    if let Some(last) = out_shape.last_mut() {
-        *last = out_rows;
+        _ => {
+            if let Some(last) = out_shape.last_mut() {
+                *last = if matches!(epi, Epilogue::Glu) { w.rows() / 2 } else { w.rows() };
+            }
+        }
     }
     let opts = QOptions { kernel: Some(QKernel::Matvec), ..opts };
-    qmatmul_with(w, x, n, out_shape, opts, epi, norm).map(Some)
+    qmatmul_with(w, x, n, out_shape, opts, epi, pro).map(Some)
+}
+
+/// Whether the combine prologue takes these partials for W: x is [B * Tq, H * D] with
+/// H * D = cols and D a multiple of 4 (a vec4 of x in one head), the heads fit the workgroup
+/// (H <= 256), the merged row, the split weights and the reduction array fit in workgroup
+/// memory, x and the output fit one binding (one dispatch per row slice, no chunks over x
+/// rows), the epilogue is not the rope one (their params would collide), and the workgroups'
+/// re-reads of the partials stay within [`COMBINE_PROLOGUE_MAX_BYTES`].
+fn combine_fits(w: &QTensor, pa: &AttentionPartials, ctx: &GpuContext, epi: Epilogue<'_>, opts: &QOptions) -> bool {
+    let [b, h, tq, d] = pa.shape;
+    let (rows, cols, s) = (w.rows(), w.cols(), pa.n_splits);
+    let n = b * tq;
+    let max_binding = binding_limit(ctx, opts);
+    let smem = (cols * 4 + h * s * 4 + WG * 4) as u64;
+    if h * d != cols
+        || !d.is_multiple_of(4)
+        || h == 0
+        || h > WG
+        || s == 0
+        || matches!(epi, Epilogue::RopeKv(_))
+        || smem > ctx.caps.max_compute_workgroup_storage_size as u64
+        || (cols.max(rows) * n * 4) as u64 + BIND_ALIGN > max_binding
+        || (pa.part.numel() * 4) as u64 + BIND_ALIGN > max_binding
+    {
+        return false;
+    }
+    // Workgroups of the product (per x row: see qmatmul_with), each reading its row's partials.
+    let tpr = opts.threads_per_row.unwrap_or_else(|| threads_per_row(matvec_units(w.ggml_type(), cols), rows));
+    let rpw = if epi.paired() { (WG / tpr.clamp(1, WG / 2)) / 2 } else { WG / tpr.clamp(1, WG) };
+    let out_rows = if epi.paired() { rows / 2 } else { rows };
+    let groups = out_rows.div_ceil(rpw.max(1));
+    let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
+    reread <= COMBINE_PROLOGUE_MAX_BYTES
 }
 
 /// [`qmatmul`] with the kernel choice and binding limit of `opts` (tests, benchmarks). Shapes
@@ -493,7 +803,72 @@ pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
     if let Some(last) = out_shape.last_mut() {
         *last = w.rows();
     }
-    qmatmul_with(w, x, n, out_shape, opts, Epilogue::Store, None)
+    qmatmul_with(w, x, n, out_shape, opts, Epilogue::Store, Prologue::None)
+}
+
+/// The rope epilogue's buffers and params for one product.
+struct RopeKvBinds<'a> {
+    epi: &'a RopeKvEpilogue<'a>,
+    k: &'a GpuBuffer,
+    v: &'a GpuBuffer,
+    ff: Option<GpuBuffer>,
+    /// The bias, contiguous.
+    bias: Option<Tensor>,
+}
+
+impl<'a> RopeKvBinds<'a> {
+    fn new(ctx: &Arc<GpuContext>, epi: &'a RopeKvEpilogue<'a>) -> Result<RopeKvBinds<'a>> {
+        const OP: &str = "qmatmul_rope_kv";
+        let gpu = |t: &'a Tensor| t.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "a KV cache is not on a GPU"));
+        let ff = match &epi.opts.freq_factors {
+            Some(f) => Some(ctx.upload(bytemuck::cast_slice(f))?),
+            None => None,
+        };
+        let bias = match epi.bias {
+            Some(b) => {
+                let b = b.contiguous()?;
+                b.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "the bias is not on a GPU"))?;
+                Some(b)
+            }
+            None => None,
+        };
+        Ok(RopeKvBinds { epi, k: gpu(epi.k_cache)?, v: gpu(epi.v_cache)?, ff, bias })
+    }
+
+    /// Binds the caches, then the freq_factors and the bias when given (see `rope_kv_decl`).
+    fn push_binds<'b>(&'b self, binds: &mut Vec<Bind<'b>>) {
+        binds.push(Bind::Whole(self.k));
+        binds.push(Bind::Whole(self.v));
+        if let Some(f) = &self.ff {
+            binds.push(Bind::Whole(f));
+        }
+        if let Some(b) = self.bias.as_ref().and_then(|b| b.gpu_buffer()) {
+            binds.push(Bind::Whole(b));
+        }
+    }
+
+    /// The params words for x rows from `n0` on.
+    fn params(&self, n0: usize) -> Result<RopeKvParams> {
+        let u = |v: usize| to_u32("qmatmul_rope_kv", v);
+        let e = self.epi;
+        u(e.k_cache.numel().max(e.v_cache.numel()))?;
+        Ok(RopeKvParams {
+            start_pos: u(e.start_pos + n0)?,
+            h: u(e.h)?,
+            hkv: u(e.hkv)?,
+            d: u(e.d)?,
+            half: u(e.half)?,
+            neox: e.opts.neox as u32,
+            theta_scale: e.theta_scale,
+            freq_scale: e.opts.freq_scale,
+            zero: 0,
+            cap: u(e.k_cache.dims().get(1).copied().unwrap_or(0))?,
+            k_off: u(e.k_cache.layout().offset)?,
+            v_off: u(e.v_cache.layout().offset)?,
+            b_off: u(self.bias.as_ref().map_or(0, |b| b.layout().offset))?,
+            _pad: [0; 3],
+        })
+    }
 }
 
 fn qmatmul_with(
@@ -503,13 +878,26 @@ fn qmatmul_with(
     out_shape: Vec<usize>,
     opts: QOptions,
     epi: Epilogue<'_>,
-    norm: Option<(&Tensor, f32)>,
+    pro: Prologue<'_>,
 ) -> Result<Tensor> {
     const OP: &str = "qmatmul";
+    let norm = match pro {
+        Prologue::RmsNorm(g, e) => Some((g, e)),
+        _ => None,
+    };
+    // The combine prologue reads the partials (passed as x) whole, in elements.
+    let combine = match pro {
+        Prologue::Combine(pa) => Some(pa),
+        _ => None,
+    };
     let (wbuf, ctx) = gpu_weights(OP, w)?;
     let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
-    // Output elements per x row (half of W's rows under GLU).
-    let out_rows = if matches!(epi, Epilogue::Glu) { rows / 2 } else { rows };
+    // Output elements per x row (half of W's rows under GLU, the Q heads under RopeKv).
+    let out_rows = match epi {
+        Epilogue::Glu => rows / 2,
+        Epilogue::RopeKv(r) => r.h * r.d,
+        _ => rows,
+    };
     if n == 0 || rows == 0 || cols == 0 {
         return Tensor::zeros(out_shape, DType::F32, w.device());
     }
@@ -517,14 +905,22 @@ fn qmatmul_with(
     let mut x = x.contiguous()?;
     // The quantized kernels read x as vec4: its first element must sit on a 16-byte boundary
     // (rows are whole 32-weight blocks, so every row then does).
-    if ty.is_quantized() && x.layout().offset % 4 != 0 {
+    if ty.is_quantized() && x.layout().offset % 4 != 0 && combine.is_none() {
         x = crate::ops::copy::gpu_contiguous(&x)?;
     }
     let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
     let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let max_binding = binding_limit(&ctx, &opts);
     let slices = row_slices(OP, w, max_binding)?;
-    let kernel = opts.kernel.unwrap_or(if n <= MATVEC_MAX_N { QKernel::Matvec } else { QKernel::Tiled });
+    let kernel = match opts.kernel {
+        Some(k) => k,
+        None if n <= MATVEC_MAX_N => QKernel::Matvec,
+        None => super::coop::prefill_kernel(&ctx, ty, n),
+    };
+    let coop_plan = match kernel {
+        QKernel::Coop => super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?,
+        _ => super::coop::Plan::default(),
+    };
     let resid = match epi {
         Epilogue::Add(r) => {
             let r = r.contiguous()?;
@@ -538,8 +934,8 @@ fn qmatmul_with(
         }
         _ => None,
     };
-    let fused = !matches!(epi, Epilogue::Store) || norm.is_some();
-    if fused && (kernel != QKernel::Matvec || (matches!(epi, Epilogue::Glu) && slices.len() > 1)) {
+    let fused = !matches!(epi, Epilogue::Store) || !matches!(pro, Prologue::None);
+    if fused && (kernel != QKernel::Matvec || (epi.paired() && slices.len() > 1)) {
         return Err(Error::Unsupported(format!("{OP}: fused epilogues need the matvec kernel and one binding")));
     }
 
@@ -552,6 +948,11 @@ fn qmatmul_with(
              max_storage_buffer_binding_size of {max_binding} bytes"
         )));
     }
+    if combine.is_some() && (n_per < n || matches!(epi, Epilogue::RopeKv(_))) {
+        return Err(Error::Unsupported(format!(
+            "{OP}: the combine prologue needs every x row in one dispatch, no rope"
+        )));
+    }
     let u = |v: usize| to_u32(OP, v);
     // Every element index the kernels form must fit u32.
     u(n.checked_mul(rows.max(cols)).ok_or_else(|| Error::shape(OP, "size overflows"))?)?;
@@ -560,15 +961,19 @@ fn qmatmul_with(
     let tpr = match opts.threads_per_row {
         Some(t) if t.is_power_of_two() && t <= WG => t,
         Some(t) => return Err(Error::shape(OP, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-        None => threads_per_row(matvec_units(ty, cols)),
+        None => threads_per_row(matvec_units(ty, cols), rows),
     };
 
-    // GLU pairs two row slots per output row.
-    let tpr = if matches!(epi, Epilogue::Glu) { tpr.min(WG / 2) } else { tpr };
+    // GLU and RopeKv pair two row slots per output row.
+    let tpr = if epi.paired() { tpr.min(WG / 2) } else { tpr };
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
-            format!("qmatvec_{name}_t{tpr}{}{}", epi.name(), if norm.is_some() { "_norm" } else { "" }),
-            type_source(Source::Matvec, ty),
+            format!("qmatvec_{name}_t{tpr}{}{}", epi.name(), pro.name()),
+            match (epi, pro) {
+                (Epilogue::RopeKv(_), _) => rope_source(ty),
+                (_, Prologue::Combine(_)) => combine_source(ty),
+                _ => type_source(Source::Matvec, ty),
+            },
             "matvec",
         )
         .constant_u32("TPR", tpr as u32)
@@ -576,22 +981,36 @@ fn qmatmul_with(
         // The staged row of the RMSNorm prologue (vec4 units for the quantized types, elements
         // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
         // every width.
-        .with(&match norm {
-            Some(_) => {
-                format!("const XN: u32 = {}u;", if ty.is_quantized() { cols / 4 } else { cols.next_multiple_of(4) })
+        .with(&match pro {
+            Prologue::None => String::new(),
+            _ => format!("const XN: u32 = {}u;", if ty.is_quantized() { cols / 4 } else { cols.next_multiple_of(4) }),
+        })
+        // The combine prologue's shape: heads, head dim, splits, invocations per head.
+        .with(&match combine {
+            Some(pa) => {
+                let h = pa.shape[1];
+                format!(
+                    "const CH: u32 = {h}u;\nconst CD: u32 = {}u;\nconst CS: u32 = {}u;\nconst CTPH: u32 = {}u;",
+                    pa.shape[3],
+                    pa.n_splits,
+                    WG / h.next_power_of_two()
+                )
             }
             None => String::new(),
         }),
         QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), type_source(Source::Matmul, ty), "matmul"),
+        QKernel::Coop => coop_plan.spec(ty),
     };
     let norm_binding = norm.map(|_| if resid.is_some() { 5 } else { 4 });
     let pipeline = match kernel {
         QKernel::Matvec => {
-            let [e0, e1, e2] = epi.wgsl();
-            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding);
-            ctx.pipeline(&spec, &[e0, e1, e2, x0, x1, x2])?
+            let [e0, e1, e2, e3] = epi.wgsl(norm.is_some());
+            // The combine prologue's params words (the epilogue then has none, see above).
+            let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
+            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some());
+            ctx.pipeline(&spec, &[e0, e1, e2, e3, x0, x1, x2])?
         }
-        QKernel::Tiled => ctx.pipeline(&spec, &[])?,
+        QKernel::Tiled | QKernel::Coop => ctx.pipeline(&spec, &[])?,
     };
     let norm_w = match norm {
         Some((g, _)) => {
@@ -608,6 +1027,10 @@ fn qmatmul_with(
         }
         None => None,
     };
+    let rope = match epi {
+        Epilogue::RopeKv(r) => Some(RopeKvBinds::new(&ctx, r)?),
+        _ => None,
+    };
     // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
     let x_unit = if kernel == QKernel::Matvec && ty.is_quantized() { 16 } else { 4 };
     let x_start = x.layout().offset as u64 * 4;
@@ -615,7 +1038,11 @@ fn qmatmul_with(
     while n0 < n {
         let nc = n_per.min(n - n0);
         for s in &slices {
-            let (xbind, x_delta) = window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4);
+            let (xbind, x_delta) = match combine {
+                // The partials, whole (one chunk: n0 = 0).
+                Some(_) => window(xbuf.buffer(), x_start, x.numel() as u64 * 4),
+                None => window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4),
+            };
             let (obind, o_delta) = window(obuf.buffer(), (n0 * out_rows) as u64 * 4, (nc * out_rows) as u64 * 4);
             let mut binds = vec![Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
             let mut r_off = 0;
@@ -632,12 +1059,17 @@ fn qmatmul_with(
                 }
                 binds.push(gbind);
             }
+            if let Some(r) = &rope {
+                r.push_binds(&mut binds);
+            }
             let out_off = u(o_delta as usize / 4 + s.r0)?;
             let x_off = u(x_delta as usize / x_unit)?;
             match kernel {
                 QKernel::Matvec => {
                     let (rpw, slice_rows) = match epi {
                         Epilogue::Glu => (WG / tpr / 2, out_rows),
+                        // Rope pairs (one slice: see qmatvec_fused).
+                        Epilogue::RopeKv(_) => (WG / tpr / 2, rows / 2),
                         _ => (WG / tpr, s.rows),
                     };
                     let groups = slice_rows.div_ceil(rpw);
@@ -658,7 +1090,22 @@ fn qmatmul_with(
                         _pad: [0; 3],
                     };
                     let wgs = groups.checked_mul(nc).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
-                    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(wgs)?))?;
+                    let grid = ctx.grid_1d(u(wgs)?);
+                    match (&rope, combine) {
+                        (Some(r), _) => {
+                            // This chunk's x row 0 sits at position start_pos + n0.
+                            let mut bytes = bytemuck::bytes_of(&params).to_vec();
+                            bytes.extend_from_slice(bytemuck::bytes_of(&r.params(n0)?));
+                            ctx.dispatch(&pipeline, OP, &bytes, &binds, grid)?;
+                        }
+                        (None, Some(pa)) => {
+                            let c = CombineParams { tq: u(pa.shape[2])?, off: u(x_delta as usize / 4)?, _pad: [0; 2] };
+                            let mut bytes = bytemuck::bytes_of(&params).to_vec();
+                            bytes.extend_from_slice(bytemuck::bytes_of(&c));
+                            ctx.dispatch(&pipeline, OP, &bytes, &binds, grid)?;
+                        }
+                        (None, None) => ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, grid)?,
+                    }
                 }
                 QKernel::Tiled => {
                     let params = MatmulParams {
@@ -673,6 +1120,19 @@ fn qmatmul_with(
                     };
                     let grid = [u(s.rows.div_ceil(64))?, u(nc.div_ceil(64))?, 1];
                     ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, grid)?;
+                }
+                QKernel::Coop => {
+                    let d = super::coop::Dims {
+                        rows: s.rows,
+                        cols,
+                        row_bytes: w.row_bytes(),
+                        w_off: s.w_off,
+                        n: nc,
+                        x_off,
+                        out_off,
+                        out_stride: rows,
+                    };
+                    coop_plan.dispatch(&ctx, &pipeline, d, &binds)?;
                 }
             }
         }

@@ -35,13 +35,17 @@ struct Params {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    // More fields where needed: the rope epilogue's or the combine prologue's (see gpu.rs).
+{{PARAMS_EXT}}
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 // x: one of two views of binding 2 is used, depending on the type (never both in one
 // pipeline). With the RMSNorm prologue, x4 / x1 are instead workgroup arrays holding the
-// normalised x row (see PROLOGUE), and binding 2 is `xin`.
+// normalised x row (see PROLOGUE), and binding 2 is `xin`; with the combine prologue they hold
+// the x row merged from a split attention's partials, bound at binding 2 as `part`
+// (matvec_combine.wgsl).
 {{X_DECL}}
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 // Epilogues (chosen by the host): `out = W x` (STORE), `out = W x + resid` (ADD: the residual
@@ -49,6 +53,11 @@ struct Params {
 // [F, 2F) and `out = silu(W_gate x) * (W_up x)` for F = p.rows (saving two dispatches and the
 // round trip of both halves through memory). Each workgroup then takes RPW / 2 output rows:
 // its first half of row slots computes the gate rows, the second half the matching up rows.
+// ROPE_KV pairs rows the same way: W stacks the Q|K|V projections (H + 2 Hkv heads of D rows),
+// and the two slots of a pair compute the two elements one rope rotation mixes (rows 2i and
+// 2i + 1 of a head, or i and i + rotary_dim / 2 in the NeoX layout), so one invocation has both
+// dot products: it rotates Q and K heads and writes Q to `out`, K and V into the KV caches
+// (saving the rope_kv dispatch; see matvec_rope.wgsl).
 {{EPILOGUE_DECL}}
 
 var<workgroup> red: array<f32, 256>;

@@ -6,9 +6,12 @@
 //!   dequantize-then-dot up to summation order: the reference for the GPU kernels;
 //! - [`matmul_q8`]: the CPU backend's fast product for model execution, activations rounded to
 //!   8-bit blocks as llama.cpp's CPU backend does (chosen per weight by [`CpuMath`]): `q8.rs`
-//!   for the 32-weight formats, `q8k.rs` for Q4_K, Q5_K and Q6_K.
+//!   for the 32-weight formats, `q8k.rs` for Q4_K, Q5_K and Q6_K;
+//! - [`gpu`]: the WGSL products and gathers that read the blocks as stored, and [`coop`]: the
+//!   prefill product on cooperative matrices (tensor cores), where a device has them.
 
 pub mod blocks;
+pub mod coop;
 mod dequant;
 pub mod fused;
 pub mod gpu;

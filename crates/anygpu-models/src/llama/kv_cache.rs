@@ -2,7 +2,8 @@
 //! place as positions are added, read through views (no copy per step).
 
 use anygpu_core::ops::rope::RopeOpts;
-use anygpu_core::ops::rope_kv::rope_qkv_store;
+use anygpu_core::quant::fused::RopeKvStore;
+use anygpu_core::quant::{QTensor, RmsNorm};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
 
 use super::config::LlamaConfig;
@@ -71,19 +72,27 @@ impl KvCache {
         Ok((kc.narrow(1, 0, n)?.unsqueeze(0)?, vc.narrow(1, 0, n)?.unsqueeze(0)?))
     }
 
-    /// For y [T, H + 2 Hkv, D] (the stacked Q|K|V of T tokens): rotates Q and K (positions
-    /// `len..len+T`), writes K and V into layer `layer` and returns Q rotated [T, H, D] with
-    /// views of every filled position, [1, Hkv, len+T, D] each; one dispatch on a GPU.
-    pub fn append_roped(
+    /// The attention input of layer `layer` for T tokens x [T, C]: the stacked Q|K|V product
+    /// `w` of `rms_norm(x, norm)` (+ `bias`), Q and K rotated for positions `len..len+T`, K and
+    /// V written into the layer's caches. Returns Q [T, H, D] with views of every filled
+    /// position, [1, Hkv, len+T, D] each. On a GPU, decode is one dispatch (the product's rope
+    /// epilogue, `QTensor::qmatmul_rms_rope_kv`).
+    pub fn append_qkv(
         &mut self,
         layer: usize,
-        y: &Tensor,
-        h: usize,
+        w: &QTensor,
+        x: &Tensor,
+        norm: RmsNorm<'_>,
+        bias: Option<&Tensor>,
         rope: &RopeOpts,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let t = y.dim("kv cache", 0)?;
+        let t = x.dim("kv cache", 0)?;
         let (kc, vc) = (&mut self.keys[layer], &mut self.values[layer]);
-        let q = rope_qkv_store(y, h, self.len, rope, kc, vc)?;
+        let (hkv, d) = (kc.dims()[0], kc.dims()[2]);
+        // H from W's rows, (H + 2 Hkv) D (the product checks they divide).
+        let h = (w.rows() / d.max(1)).saturating_sub(2 * hkv);
+        let kv = RopeKvStore { rope, heads: (h, hkv, d), start_pos: self.len, k_cache: kc, v_cache: vc };
+        let q = w.qmatmul_rms_rope_kv(x, norm, bias, kv)?;
         let n = self.len + t;
         Ok((q, kc.narrow(1, 0, n)?.unsqueeze(0)?, vc.narrow(1, 0, n)?.unsqueeze(0)?))
     }

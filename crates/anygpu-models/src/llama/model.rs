@@ -203,6 +203,14 @@ impl Loader<'_> {
     }
 }
 
+/// Whether decode steps hand the attention's unmerged splits to the output projection
+/// (`QTensor::qmatmul_add_combined`); `ANYGPU_FUSED_COMBINE=0` turns it off (for comparisons:
+/// the results are the same up to rounding). Read once.
+fn fused_combine() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ANYGPU_FUSED_COMBINE").map(|v| v != "0").unwrap_or(true))
+}
+
 impl Llama {
     /// Builds the model from a validated GGUF file, uploading weights to `device` unchanged.
     /// `progress(tensors_done, bytes_done)` is called after each tensor.
@@ -352,14 +360,9 @@ impl Llama {
             // tokens at a time, see anygpu_core::quant::fused).
             let attn_norm = RmsNorm { weight: &b.attn_norm, eps: cfg.rms_eps };
             let (q, keys, values) = match &b.qkv {
-                Qkv::Stacked { w, bias } => {
-                    // [T, (H + 2 Hkv) D]; rope and the cache store in one op.
-                    let mut y = w.qmatmul_rms(&x, attn_norm)?;
-                    if let Some(bias) = bias {
-                        y = y.add(bias)?;
-                    }
-                    cache.append_roped(li, &y.reshape([t, h + 2 * hkv, d])?, h, &self.rope)?
-                }
+                // The product, rope and the cache store in one op (one dispatch when decoding on
+                // a GPU).
+                Qkv::Stacked { w, bias } => cache.append_qkv(li, w, &x, attn_norm, bias.as_ref(), &self.rope)?,
                 Qkv::Separate { w, bias } => {
                     let hn = x.rms_norm(Some(&b.attn_norm), cfg.rms_eps)?;
                     let proj = |i: usize, heads: usize| -> Result<Tensor> {
@@ -377,9 +380,21 @@ impl Llama {
                 }
             };
             let q = q.permute(&[1, 0, 2])?.unsqueeze(0)?; // [1, H, T, D]
-            let a = q.attention(&keys, &values, &attn)?; // [1, H, T, D]
-            let a = a.reshape([h, t, d])?.permute(&[1, 0, 2])?.reshape([t, h * d])?;
-            x = b.wo.qmatmul_add(&a, &x)?;
+
+            // Decoding on a GPU, an attention that splits the keys stops after its first pass:
+            // the output projection merges the splits itself (one dispatch fewer per layer).
+            let partials = match t == 1 && fused_combine() {
+                true => q.attention_partials(&keys, &values, &attn)?,
+                false => None,
+            };
+            x = match partials {
+                Some(p) => b.wo.qmatmul_add_combined(&p, &x)?,
+                None => {
+                    let a = q.attention(&keys, &values, &attn)?; // [1, H, T, D]
+                    let a = a.reshape([h, t, d])?.permute(&[1, 0, 2])?.reshape([t, h * d])?;
+                    b.wo.qmatmul_add(&a, &x)?
+                }
+            };
             let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps };
             let g = match &b.gate_up {
                 GateUp::Stacked(w) => w.qmatmul_glu_rms(&x, ffn_norm)?,

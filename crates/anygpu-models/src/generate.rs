@@ -73,6 +73,10 @@ pub fn generate(
     let prefill_s = t0.elapsed().as_secs_f64();
     let t_rec = Instant::now();
     if max_tokens > 1 {
+        // The prefill's pooled activations are not reused by the decode steps: free them.
+        if let Some(g) = model.device().gpu() {
+            g.release_pooled()?;
+        }
         model.prepare_decode(cache);
     }
     let record_s = t_rec.elapsed().as_secs_f64();

@@ -129,6 +129,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         });
     }
     if args.n_gen > 0 {
+        // As `generate` does after its prefill: the pooled prefill activations are freed.
+        if let Some(g) = lm.model.device().gpu() {
+            g.release_pooled()?;
+        }
         tg(&lm.model, 4, 0)?;
         let v = (0..reps).map(|r| tg(&lm.model, args.n_gen, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
@@ -145,7 +149,8 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         let file = std::fs::metadata(&args.model.model).map(|m| m.len()).unwrap_or(0);
         let kv = anygpu_models::llama::KvCache::bytes_for(&lm.model.config, margs.ctx_size.unwrap_or(1));
         eprintln!(
-            "anygpu: GPU memory allocated: {} MiB in {} MiB of blocks (file {} MiB, a {}-position KV cache {} MiB; pooled buffers included)",
+            "anygpu: GPU memory allocated: {} MiB in {} MiB of blocks (file {} MiB, a {}-position KV cache {} MiB; pooled buffers included, \
+             those of the prefill released before the decode runs as `generate` does)",
             bytes >> 20,
             reserved >> 20,
             file >> 20,

@@ -61,8 +61,10 @@ fn pp(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn tg(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
-    let mut cache = model.new_cache(n + 1)?;
+/// Decode speed over `n` tokens with a KV cache of `ctx` positions (at least n + 1; the
+/// attention plans its key splits on the cache's capacity).
+fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64> {
+    let mut cache = model.new_cache(ctx.max(n + 1))?;
     let mut id = tokens(1, model.config.n_vocab, seed)[0];
     // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
     model.prepare_decode(&mut cache);
@@ -133,8 +135,11 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         if let Some(g) = lm.model.device().gpu() {
             g.release_pooled()?;
         }
-        tg(&lm.model, 4, 0)?;
-        let v = (0..reps).map(|r| tg(&lm.model, args.n_gen, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
+        // `-c` sets the decode test's cache (default: just the generated tokens, n + 1).
+        let ctx = args.model.ctx_size.unwrap_or(0);
+        tg(&lm.model, 4, ctx, 0)?;
+        let v =
+            (0..reps).map(|r| tg(&lm.model, args.n_gen, ctx, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         rows.push(Row {
             model: name.clone(),

@@ -422,48 +422,21 @@ fn rope_kv_epilogue_matches_composition() {
             Ok(all)
         });
     }
-    let zeros = |shape: &[usize], dev: &Device| Tensor::zeros(shape.to_vec(), anygpu_core::DType::F32, dev);
-    parity_err("qmatmul_rms_rope_kv not a Q|K|V stack", "not a Q|K|V stack", |dev| {
-        let w = QTensor::from_vec(GgmlType::Q8_0, 40, 64, random_weights(6, GgmlType::Q8_0, 40, 64), dev)?;
-        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
-        let kv = RopeKvStore {
-            rope: &RopeOpts::default(),
-            heads: (2, 1, 8),
-            start_pos: 0,
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-        };
-        w.qmatmul_rms_rope_kv(&upload_x(1, 1, 64, dev)?, RmsNorm { weight: &g, eps: 1e-5 }, None, kv)
-    });
-    parity_err("qmatmul_rms_rope_kv past the cache", "exceed the cache", |dev| {
-        let w = QTensor::from_vec(GgmlType::Q8_0, 32, 64, random_weights(6, GgmlType::Q8_0, 32, 64), dev)?;
-        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
-        let kv = RopeKvStore {
-            rope: &RopeOpts::default(),
-            heads: (2, 1, 8),
-            start_pos: 3,
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-        };
-        w.qmatmul_rms_rope_kv(&upload_x(1, 2, 64, dev)?, RmsNorm { weight: &g, eps: 1e-5 }, None, kv)
-    });
-    parity_err("qmatmul_rms_rope_kv bad bias", "does not match", |dev| {
-        let w = QTensor::from_vec(GgmlType::Q8_0, 32, 64, random_weights(6, GgmlType::Q8_0, 32, 64), dev)?;
-        let (g, mut kc, mut vc) = (zeros(&[64], dev)?, zeros(&[1, 4, 8], dev)?, zeros(&[1, 4, 8], dev)?);
-        let kv = RopeKvStore {
-            rope: &RopeOpts::default(),
-            heads: (2, 1, 8),
-            start_pos: 0,
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-        };
-        w.qmatmul_rms_rope_kv(
-            &upload_x(1, 1, 64, dev)?,
-            RmsNorm { weight: &g, eps: 1e-5 },
-            Some(&zeros(&[31], dev)?),
-            kv,
-        )
-    });
+    // Bad calls on a Q8_0 matrix of `rows` x 64 with heads (2, 1, 8) and a 4-position cache:
+    // `tokens` x rows from `start_pos`, with a bias of `bias_len` when given.
+    let bad_call = |rows: usize, tokens: usize, start_pos: usize, bias_len: Option<usize>, dev: &Device| {
+        let zeros = |shape: &[usize]| Tensor::zeros(shape.to_vec(), anygpu_core::DType::F32, dev);
+        let w = QTensor::from_vec(GgmlType::Q8_0, rows, 64, random_weights(6, GgmlType::Q8_0, rows, 64), dev)?;
+        let (g, mut kc, mut vc) = (zeros(&[64])?, zeros(&[1, 4, 8])?, zeros(&[1, 4, 8])?);
+        let bias = bias_len.map(|n| zeros(&[n])).transpose()?;
+        let kv =
+            RopeKvStore { rope: &RopeOpts::default(), heads: (2, 1, 8), start_pos, k_cache: &mut kc, v_cache: &mut vc };
+        let x = upload_x(1, tokens, 64, dev)?;
+        w.qmatmul_rms_rope_kv(&x, RmsNorm { weight: &g, eps: 1e-5 }, bias.as_ref(), kv)
+    };
+    parity_err("qmatmul_rms_rope_kv not a Q|K|V stack", "not a Q|K|V stack", |dev| bad_call(40, 1, 0, None, dev));
+    parity_err("qmatmul_rms_rope_kv past the cache", "exceed the cache", |dev| bad_call(32, 2, 3, None, dev));
+    parity_err("qmatmul_rms_rope_kv bad bias", "does not match", |dev| bad_call(32, 1, 0, Some(31), dev));
 }
 
 /// The combine prologue (`qmatmul_add_combined`: flash-decoding's merge of a split attention

@@ -26,6 +26,36 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Why the 256-invocation cooperative-matrix kernels (the f16 matmul, the quantized
+    /// prefill) cannot run here with `workgroup_bytes` of workgroup memory, or None when they
+    /// can: 16x16x16 f16 x f16 -> f32 matrices, f16 shaders, subgroups of exactly 32.
+    pub fn coop_f16_unsupported(&self, workgroup_bytes: u32) -> Option<String> {
+        Some(if !self.cooperative_matrix {
+            "the device has no cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX)".to_string()
+        } else if !self.coop_f16_f32_shapes.contains(&(16, 16, 16)) {
+            "the device has no 16x16x16 f16 x f16 -> f32 cooperative-matrix shape".to_string()
+        } else if !self.shader_f16 {
+            "the device has no f16 shaders (SHADER_F16)".to_string()
+        } else if !self.subgroup || self.subgroup_min_size != 32 || self.subgroup_max_size != 32 {
+            format!(
+                "it needs subgroups of exactly 32 invocations (the device's: {}..{})",
+                self.subgroup_min_size, self.subgroup_max_size
+            )
+        } else if self.max_compute_invocations_per_workgroup < 256 {
+            format!(
+                "it needs 256 invocations per workgroup (the device: {})",
+                self.max_compute_invocations_per_workgroup
+            )
+        } else if self.max_compute_workgroup_storage_size < workgroup_bytes {
+            format!(
+                "it needs {workgroup_bytes} bytes of workgroup memory (the device: {})",
+                self.max_compute_workgroup_storage_size
+            )
+        } else {
+            return None;
+        })
+    }
+
     /// WebGPU's default limits with no optional features: what an Adreno phone, a browser, or
     /// an old integrated GPU gives. Kernels must work under it.
     pub fn webgpu_defaults() -> Capabilities {

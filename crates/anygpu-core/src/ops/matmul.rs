@@ -367,16 +367,8 @@ pub fn gpu_matmul_path(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<
 /// Whether this GPU multiplies f16 on cooperative matrices (tensor cores) through the `coop`
 /// path, for operands contiguous along a dim: what a model decides its weight dtype by.
 pub fn gpu_has_coop_matmul(ctx: &GpuContext) -> bool {
-    let c = &ctx.caps;
-    c.cooperative_matrix
-        && c.shader_f16
-        && c.subgroup
-        && c.subgroup_min_size == 32
-        && c.subgroup_max_size == 32
-        && c.coop_f16_f32_shapes.contains(&(16, 16, 16))
-        && c.max_compute_invocations_per_workgroup >= 256
-        // The largest layout: A's and B's tiles both [128][32 + 8] halves (48 KiB in all).
-        && coop_layout(Access::Inner, Access::Outer).2 <= c.max_compute_workgroup_storage_size
+    // The largest layout: A's and B's tiles both [128][32 + 8] halves (48 KiB in all).
+    ctx.caps.coop_f16_unsupported(coop_layout(Access::Inner, Access::Outer).2).is_none()
 }
 
 /// Whether `path` can run `a x b` on `a`'s GPU (tests and benchmarks).

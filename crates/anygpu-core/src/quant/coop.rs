@@ -91,27 +91,8 @@ pub fn unsupported_reason(ctx: &GpuContext, ty: GgmlType) -> Option<String> {
             return None;
         }
         format!("the emulated kernel needs 256 invocations and {} bytes of workgroup memory", workgroup_bytes(64))
-    } else if !c.cooperative_matrix {
-        "the device has no cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX)".to_string()
-    } else if !c.coop_f16_f32_shapes.contains(&(16, 16, 16)) {
-        "the device has no 16x16x16 f16 x f16 -> f32 cooperative-matrix shape".to_string()
-    } else if !c.shader_f16 {
-        "the device has no f16 shaders (SHADER_F16)".to_string()
-    } else if !c.subgroup || c.subgroup_min_size != 32 || c.subgroup_max_size != 32 {
-        format!(
-            "it needs subgroups of exactly 32 invocations (the device's: {}..{})",
-            c.subgroup_min_size, c.subgroup_max_size
-        )
-    } else if c.max_compute_invocations_per_workgroup < 256 {
-        format!("it needs 256 invocations per workgroup (the device: {})", c.max_compute_invocations_per_workgroup)
-    } else if c.max_compute_workgroup_storage_size < workgroup_bytes(64) {
-        format!(
-            "it needs {} bytes of workgroup memory (the device: {})",
-            workgroup_bytes(64),
-            c.max_compute_workgroup_storage_size
-        )
     } else {
-        return None;
+        c.coop_f16_unsupported(workgroup_bytes(64))?
     };
     Some(format!("{OP}: the cooperative-matrix kernel cannot run on {}: {why}", ctx.info.name))
 }

@@ -49,6 +49,18 @@ pub struct DecodeStats {
     pub waited_s: f64,
 }
 
+impl DecodeStats {
+    /// Counts one step: its replay's times, `per_token_s` of wall time.
+    fn add(&mut self, t: ReplayTimes, per_token_s: f64) {
+        self.steps += 1;
+        self.encode_s += t.encode_s;
+        self.submitted_s += t.submitted_s;
+        self.waited_s += t.waited_s;
+        self.gpu_s += t.gpu_s.unwrap_or(0.0);
+        self.total_s += per_token_s;
+    }
+}
+
 /// Whether decode steps use the recorded graph (default on; `ANYGPU_DECODE_GRAPH=0` turns it off).
 pub fn enabled() -> bool {
     std::env::var("ANYGPU_DECODE_GRAPH").map(|v| v != "0").unwrap_or(true)
@@ -140,13 +152,8 @@ impl DecodeGraph {
                 let bytes = self.replay.wait(ticket)?;
                 let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
                 made += 1;
-                let t = self.replay.last_times();
-                self.stats.steps += 1;
-                self.stats.gpu_s += t.gpu_s.unwrap_or(0.0);
-                self.stats.encode_s += t.encode_s;
-                self.stats.submitted_s += t.submitted_s;
-                self.stats.total_s += last.elapsed().as_secs_f64();
-                self.stats.waited_s += t.waited_s;
+                // A step's own time overlaps its neighbours': per token is the time between tokens.
+                self.stats.add(self.replay.last_times(), last.elapsed().as_secs_f64());
                 last = std::time::Instant::now();
                 if !on_token(token) {
                     return Ok(());
@@ -173,13 +180,8 @@ impl DecodeGraph {
         let out = self.logits.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "logits not on the GPU"))?;
         let bytes = self.replay.run(pos, &[(idbuf, &token.to_le_bytes())], out, (n_vocab * 4) as u64)?;
         cache.advance(1);
-        let ReplayTimes { encode_s, gpu_s, total_s, submitted_s, waited_s } = self.replay.last_times();
-        self.stats.submitted_s += submitted_s;
-        self.stats.waited_s += waited_s;
-        self.stats.steps += 1;
-        self.stats.encode_s += encode_s;
-        self.stats.gpu_s += gpu_s.unwrap_or(0.0);
-        self.stats.total_s += total_s;
+        let times = self.replay.last_times();
+        self.stats.add(times, times.total_s);
         Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n_vocab * 4]).to_vec())
     }
 }

@@ -700,10 +700,10 @@ fn coop_kernel_matches_cpu_exactly() {
                     let x = x_cpu.to_device(d).unwrap();
                     for emulated in [false, true] {
                         // Emulated pipelines take seconds each to compile on lavapipe: a few
-                        // types cover the kernel's paths (x by vec4 and by element, 18-byte
-                        // blocks, k-quant super-blocks).
-                        if emulated && !matches!((ty, cols), (GgmlType::Q4_0 | GgmlType::Q4K, _) | (GgmlType::F16, 97))
-                        {
+                        // types cover the kernel's paths (x by vec4 and by element, F16 rows
+                        // read raw (100 columns) or decoded (97), 18-byte blocks, k-quant
+                        // super-blocks).
+                        if emulated && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::F16) {
                             continue;
                         }
                         coop::set_emulated(emulated);
@@ -824,14 +824,15 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
     anygpu_core::testing::validate_wgsl_for_vulkan(src, caps)
 }
 
-/// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses) parses,
+/// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses, and F16's two W
+/// loaders) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
 /// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
 /// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    assert_eq!(variants.len(), coop_types().len() * 8);
+    assert_eq!(variants.len(), (coop_types().len() + 1) * 8);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

@@ -37,7 +37,8 @@
 //!   is ~60-65% of the wgmma peak, and WGSL has no async copies or ldmatrix control.
 //! - expected: simple 0.35 TFLOP/s (measured at 2048^3); tiled f32 ~20-40 TFLOP/s (the
 //!   structure of a CUDA SGEMM; 64 FMAs per 4 workgroup-memory reads); `tiled`/`f16` on f16
-//!   data run on the FP32 pipes too, so about the same; coop a few hundred TFLOP/s.
+//!   data run on the FP32 pipes too, so about the same; coop a few hundred TFLOP/s, measured
+//!   ~140 (36.7 before its operands moved as raw 16-byte chunks: see matmul_coop.wgsl).
 //!   Measured figures are in BENCHMARKS.md.
 
 use std::borrow::Cow;
@@ -543,21 +544,68 @@ fn input_wgsl(name: &str, binding: u32, e: Elem) -> String {
     }
 }
 
-/// A coop kernel operand: binding `name` and `{name}_vec(i, len) -> vec4<f16>` (elements
-/// i..i+3, i a multiple of 4, those from `len` on zero). f32 data is clamped to f16's range
-/// and rounded: the tensor cores multiply f16.
-fn coop_operand_wgsl(name: &str, binding: u32, d: DType) -> String {
-    let (ty, conv) = match d {
-        DType::F16 => ("vec4<f16>", format!("{name}[i >> 2u]")),
-        _ => ("vec4<f32>", format!("vec4<f16>(clamp({name}[i >> 2u], vec4<f32>(-65504.0), vec4<f32>(65504.0)))")),
-    };
-    format!(
-        "@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\n\
-         fn {name}_vec(i: u32, len: u32) -> vec4<f16> {{\n    \
-         let x = {conv};\n    \
-         if (len >= 4u) {{\n        return x;\n    }}\n    \
-         return select(vec4<f16>(0.0h), x, vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(len));\n}}\n"
-    )
+/// A coop kernel operand (see matmul_coop.wgsl's header): binding `name`, the chunk type
+/// `Raw_{name}`, `ld_{name}(i, n)` and `st_{name}(at, r, n)`. `whole_chunks`: every chunk the
+/// kernel reads starts 16-byte aligned and is wholly inside or wholly past the data (see
+/// [`whole_chunks`]), so a chunk is one or two 16-byte loads, kept raw until it is stored;
+/// otherwise it is read as two masked 4-element vectors and converted at once (any shape the
+/// vec4 accesses allow, slower). f32 data is clamped to f16's range and rounded: the tensor
+/// cores multiply f16.
+fn coop_operand_wgsl(name: &str, binding: u32, d: DType, whole_chunks: bool) -> String {
+    let tile = if name == "a" { "sa" } else { "sb" };
+    let decl = |ty: &str| format!("@group(0) @binding({binding}) var<storage, read> {name}: array<{ty}>;\n");
+    let f16_range = "vec4<f32>(-65504.0), vec4<f32>(65504.0)";
+    match (d, whole_chunks) {
+        (DType::F16, true) => {
+            decl("vec4<u32>")
+                + &format!(
+                    "alias Raw_{name} = vec4<u32>;\n\
+                     fn ld_{name}(i: u32, n: u32) -> Raw_{name} {{ return {name}[i >> 3u]; }}\n\
+                     fn st_{name}(at: u32, r: Raw_{name}, n: u32) {{\n    \
+                     {tile}[at] = select(vec4<f16>(0.0h), u2h(r.xy), n != 0u);\n    \
+                     {tile}[at + 1u] = select(vec4<f16>(0.0h), u2h(r.zw), n != 0u);\n}}\n"
+                )
+        }
+        (_, true) => {
+            decl("vec4<f32>")
+                + &format!(
+                    "struct Raw_{name} {{ lo: vec4<f32>, hi: vec4<f32> }}\n\
+                     fn ld_{name}(i: u32, n: u32) -> Raw_{name} {{ return Raw_{name}({name}[i >> 2u], {name}[(i >> 2u) + 1u]); }}\n\
+                     fn st_{name}(at: u32, r: Raw_{name}, n: u32) {{\n    \
+                     {tile}[at] = select(vec4<f16>(0.0h), vec4<f16>(clamp(r.lo, {f16_range})), n != 0u);\n    \
+                     {tile}[at + 1u] = select(vec4<f16>(0.0h), vec4<f16>(clamp(r.hi, {f16_range})), n != 0u);\n}}\n"
+                )
+        }
+        (_, false) => {
+            let (elem, conv) = match d {
+                DType::F16 => ("vec4<f16>", format!("{name}[i >> 2u]")),
+                _ => ("vec4<f32>", format!("vec4<f16>(clamp({name}[i >> 2u], {f16_range}))")),
+            };
+            decl(elem)
+                + &format!(
+                    "struct Raw_{name} {{ lo: vec4<f16>, hi: vec4<f16> }}\n\
+                     fn {name}_vec(i: u32, len: u32) -> vec4<f16> {{\n    \
+                     if (len == 0u) {{\n        return vec4<f16>(0.0h);\n    }}\n    \
+                     let x = {conv};\n    \
+                     return select(vec4<f16>(0.0h), x, vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(len));\n}}\n\
+                     fn ld_{name}(i: u32, n: u32) -> Raw_{name} {{\n    \
+                     return Raw_{name}({name}_vec(i, n), {name}_vec(i + 4u, max(n, 4u) - 4u));\n}}\n\
+                     fn st_{name}(at: u32, r: Raw_{name}, n: u32) {{\n    \
+                     {tile}[at] = r.lo;\n    \
+                     {tile}[at + 1u] = r.hi;\n}}\n"
+                )
+        }
+    }
+}
+
+/// Whether the coop kernel can read an operand in whole 16-byte chunks (`coop_operand_wgsl`):
+/// its chunks start at multiples of 8 elements along the contiguous dim from the offset, so
+/// the offset and the other strides must keep 16-byte alignment (8 f16, 4 f32 elements), and
+/// the contiguous dim must be a multiple of 8 (no chunk straddles its end).
+/// `v` = (offset, batch stride, stride of the other dim), `contiguous` = the contiguous dim's length.
+fn whole_chunks(d: DType, v: (usize, usize, usize), contiguous: usize) -> bool {
+    let align = if d == DType::F16 { 8 } else { 4 };
+    v.0.is_multiple_of(align) && v.1.is_multiple_of(align) && v.2.is_multiple_of(align) && contiguous.is_multiple_of(8)
 }
 
 /// The output binding `c` (4) with `st_c4(i, v)` (i a multiple of 4; only when `vec_out`)
@@ -643,6 +691,9 @@ struct Blocked {
     la: Access,
     lb: Access,
     vec_out: bool,
+    /// Coop only: A / B read in whole 16-byte chunks ([`whole_chunks`]).
+    whole_a: bool,
+    whole_b: bool,
 }
 
 impl Blocked {
@@ -652,7 +703,10 @@ impl Blocked {
         let mut io = input_wgsl("bias", 3, self.bias.map_or(Elem::F32, |d| elem(d, native)));
         io.push_str(&output_wgsl(elem(self.out, native), self.vec_out));
         let spec = if self.path == MatmulPath::Coop {
-            io.insert_str(0, &(coop_operand_wgsl("a", 1, self.a) + &coop_operand_wgsl("b", 2, self.b)));
+            io.insert_str(
+                0,
+                &(coop_operand_wgsl("a", 1, self.a, self.whole_a) + &coop_operand_wgsl("b", 2, self.b, self.whole_b)),
+            );
             let (sa, sb, _) = coop_layout(self.la, self.lb);
             let rows = |s: u32| if s == 40 { 128 } else { 32 };
             KernelSpec::new("matmul_coop", include_str!("matmul_coop.wgsl"), "matmul")
@@ -701,11 +755,16 @@ pub fn blocked_wgsl_variants() -> Vec<(String, MatmulPath, String)> {
                 for lb in accesses.into_iter().filter(|&l| !coop || l != Access::Strided) {
                     for vec_out in [false, true] {
                         for bias in [None, Some(F32), Some(F16)] {
-                            for bk in if coop { vec![32] } else { vec![8, 16] } {
-                                let k = Blocked { path, bk, a, b, bias, out, la, lb, vec_out };
+                            // (BK, whole chunks): the tiled kernel's two K steps; the coop
+                            // kernel's two ways of reading its operands.
+                            let forms: &[(u32, bool)] =
+                                if coop { &[(32, false), (32, true)] } else { &[(8, false), (16, false)] };
+                            for &(bk, whole) in forms {
+                                let (whole_a, whole_b) = (whole, whole);
+                                let k = Blocked { path, bk, a, b, bias, out, la, lb, vec_out, whole_a, whole_b };
                                 let (spec, io) = k.kernel();
                                 let label = format!(
-                                    "{} {a}x{b}->{out} LA={} LB={} vec_out={vec_out} bias={bias:?} BK={bk}",
+                                    "{} {a}x{b}->{out} LA={} LB={} vec_out={vec_out} bias={bias:?} BK={bk} whole_chunks={whole}",
                                     path.name(),
                                     la as u32,
                                     lb as u32
@@ -742,15 +801,19 @@ fn dispatch_blocked(
         la: access_a(p),
         lb: access_b(p),
         vec_out: p.n.is_multiple_of(4),
+        whole_a: if access_a(p) == Access::Inner {
+            whole_chunks(a.dtype(), (p.a.0, p.a.1, p.a.2), p.k)
+        } else {
+            whole_chunks(a.dtype(), (p.a.0, p.a.1, p.a.3), p.m)
+        },
+        whole_b: if access_b(p) == Access::Inner {
+            whole_chunks(b.dtype(), (p.b.0, p.b.1, p.b.2), p.n)
+        } else {
+            whole_chunks(b.dtype(), (p.b.0, p.b.1, p.b.3), p.k)
+        },
     };
     let (spec, io) = kernel.kernel();
-    if std::env::var("MM_DEBUG").is_ok() {
-        eprintln!("compiling {} {:?} {:?}", spec.name, spec.header, kernel.bias);
-    }
     let pipeline = ctx.pipeline(&spec, &[("IO", &io)])?;
-    if std::env::var("MM_DEBUG").is_ok() {
-        eprintln!("compiled");
-    }
     let (tiles_m, tiles_n) = (p.m.div_ceil(128), p.n.div_ceil(128));
     let mut params = BlockedParams {
         m: u(p.m)?,

@@ -23,17 +23,14 @@
 //! which doubles the workgroups that share the GPU. `ANYGPU_QMATMUL_TILE=64|128` (read once)
 //! forces one, for tuning.
 //!
-//! # Expected speed (H100 SXM)
+//! # Speed (H100, n = 512; `coop_prefill_speed`, BENCHMARKS.md)
 //!
-//! Per K step a workgroup issues 128·BX·32 multiply-adds on tensor cores (BX = 128: 2^19, 16
-//! 16x16x16 products per subgroup), stages 4 KiB of f16 W and BX·32·2 bytes of f16 x, and decodes
-//! 512 runs of 8 weights (2 `deq8` per invocation, ~50 instructions each). The decode and the
-//! staging are ~200 instructions per invocation per step, ~400 SM cycles per step for one
-//! workgroup's 8 subgroups; the products take ~500 cycles at the ~60% of peak that mma.sync-style
-//! cooperative matrices reach; workgroup-memory traffic (~48 KiB of matrix loads + 20 KiB of
-//! stores per step) ~550 cycles at 128 B/cycle. With two workgroups per SM overlapping these,
-//! the ceiling is a few hundred TFLOP/s; barriers and exposed load latency (no async copies in
-//! WGSL) should leave 100-200 TFLOP/s on large shapes, against ~12 for the tiled f32 kernel.
+//! 46-102 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (F16 weights fastest:
+//! their runs are raw words, converted after the products; quantized runs are decoded after
+//! them), 6-28 on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the
+//! tiled f32 kernel. At n = 512 a 4096-row matrix gives only 128 workgroups, about one per SM,
+//! so nothing overlaps a workgroup's barriers and load waits: that, not the tensor cores (a few
+//! hundred TFLOP/s), is what bounds it there.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -50,9 +47,11 @@ const COOP_WGSL: &str = include_str!("matmul_coop.wgsl");
 /// W rows per workgroup tile (BW in the kernel).
 const BW: usize = 128;
 
-/// Below this many workgroups of the BX = 128 tile, the BX = 64 one is used (about two
-/// workgroups per SM on a 132-SM H100; a first guess, to tune on the device).
-pub const MIN_WIDE_GROUPS: usize = 256;
+/// Below this many workgroups of the BX = 128 tile, the BX = 64 one is used. Measured on an
+/// H100 (132 SMs) at n = 512 (`coop_prefill_speed`, BENCHMARKS.md): BX = 128 wins from 96
+/// workgroups (e.g. 3072 x 2048: 132 vs 159 us; 4096 x 4096: 217 vs 314), BX = 64 below (2048 x
+/// 2048, 64 workgroups: 90 vs 117 us).
+pub const MIN_WIDE_GROUPS: usize = 96;
 
 /// Workgroup memory of the kernel for x tiles of `bx` rows: two buffers of the X and W tiles
 /// (rows of 32 + 8 halves) and the 8 KiB f32 scratch (private memory when emulated).
@@ -166,6 +165,9 @@ pub(super) struct Plan {
     /// x read as vec4: `cols` and x's element offset are multiples of 4 (then so is every
     /// dispatch's x_off: bindings start at multiples of 256 bytes).
     x_vec: bool,
+    /// W read as raw f16 words, converted after the products (F16 rows of even length, which
+    /// start at 4-byte boundaries); otherwise each run of 8 is decoded by `deq8`.
+    w_raw: bool,
 }
 
 impl Plan {
@@ -190,7 +192,11 @@ impl Plan {
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan { bx, x_vec: cols.is_multiple_of(4) && x_offset.is_multiple_of(4) })
+        Ok(Plan {
+            bx,
+            x_vec: cols.is_multiple_of(4) && x_offset.is_multiple_of(4),
+            w_raw: ty == GgmlType::F16 && cols.is_multiple_of(2),
+        })
     }
 
     /// The kernel for `ty` with this plan's tile and x access.
@@ -200,7 +206,7 @@ impl Plan {
 
     fn spec_as(&self, ty: GgmlType, emulated: bool) -> KernelSpec {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
-        let spec = KernelSpec::new(name, source(ty, self.x_vec, emulated), "matmul").with("enable f16;");
+        let spec = KernelSpec::new(name, source(ty, self.x_vec, self.w_raw, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
         spec.constant_u32("BX", self.bx)
     }
@@ -270,15 +276,16 @@ struct CoopParams {
     _pad: [u32; 2],
 }
 
-/// The kernel's WGSL for one type and x access: common.wgsl with that type's sections,
-/// matmul_coop.wgsl with its `xvec` or `xscalar` section, and the `deq8` forward; or the
-/// tests' emulated variant. Built once per (type, access, variant) and kept (52 strings at
-/// most), so the pipeline cache can key on a `&'static str`.
-fn source(ty: GgmlType, x_vec: bool, emulated: bool) -> &'static str {
-    static SOURCES: [[[OnceLock<&'static str>; 2]; 2]; 13] =
-        [const { [const { [const { OnceLock::new() }; 2] }; 2] }; 13];
+/// The kernel's WGSL for one type, x access and W loader: common.wgsl with that type's
+/// sections, matmul_coop.wgsl with its `xvec` or `xscalar` section and the W loader
+/// ([`w_loader`]), and the `deq8` forward; or the tests' emulated variant. Built once per
+/// (type, access, loader, variant) and kept (104 strings at most), so the pipeline cache can
+/// key on a `&'static str`.
+fn source(ty: GgmlType, x_vec: bool, w_raw: bool, emulated: bool) -> &'static str {
+    static SOURCES: [[[[OnceLock<&'static str>; 2]; 2]; 2]; 13] =
+        [const { [const { [const { [const { OnceLock::new() }; 2] }; 2] }; 2] }; 13];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
-    SOURCES[ti][x_vec as usize][emulated as usize].get_or_init(|| {
+    SOURCES[ti][x_vec as usize][w_raw as usize][emulated as usize].get_or_init(|| {
         let name = wgsl_name(ty);
         let tag = match (x_vec, emulated) {
             (true, false) => "xvec",
@@ -286,7 +293,7 @@ fn source(ty: GgmlType, x_vec: bool, emulated: bool) -> &'static str {
             (true, true) => "xvec_emu",
             (false, true) => "xscalar_emu",
         };
-        let mut kernel = keep_sections(COOP_WGSL, tag);
+        let mut kernel = keep_sections(COOP_WGSL, tag).replace("{{W_LOADER}}", w_loader(w_raw));
         if emulated {
             kernel = emulate(&kernel);
         }
@@ -296,6 +303,32 @@ fn source(ty: GgmlType, x_vec: bool, emulated: bool) -> &'static str {
         );
         Box::leak(text.into_boxed_str())
     })
+}
+
+/// How the kernel stages a run of 8 weights (row byte `rb`, column `c`, `n` of them valid):
+/// `ld_w` reads it into a `Raw_w`, `st_w` puts it in the W tile as f16, and `W_EARLY` says
+/// whether `ld_w` can be issued before the products (its loads are left untouched until
+/// `st_w`) or must come after them (it decodes, waiting for its loads).
+fn w_loader(raw: bool) -> &'static str {
+    if raw {
+        "const W_EARLY: u32 = 1u;\n\
+         alias Raw_w = vec4<u32>;\n\
+         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
+             let i = (rb + 2u * c) >> 2u;\n    \
+             return vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);\n}\n\
+         fn st_w(at: u32, r: Raw_w, n: u32) {\n    \
+             sw[at] = mask4(u2h(r.xy), n);\n    \
+             sw[at + 1u] = mask4(u2h(r.zw), max(n, 4u) - 4u);\n}\n"
+    } else {
+        "const W_EARLY: u32 = 0u;\n\
+         alias Raw_w = V8;\n\
+         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
+             if (n == 0u) {\n        return V8(vec4<f32>(0.0), vec4<f32>(0.0));\n    }\n    \
+             return deq8(rb, c, p.cols);\n}\n\
+         fn st_w(at: u32, r: Raw_w, n: u32) {\n    \
+             sw[at] = vec4<f16>(r.lo);\n    \
+             sw[at + 1u] = vec4<f16>(r.hi);\n}\n"
+    }
 }
 
 /// The tests' variant of the kernel: its cooperative-matrix types and calls rewritten into the
@@ -337,9 +370,12 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
     for ty in GgmlType::ALL.into_iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16)) {
         for bx in [64, 128] {
             for x_vec in [false, true] {
-                for emulated in [false, true] {
-                    let spec = Plan { bx, x_vec }.spec_as(ty, emulated);
-                    v.push((format!("{} BX={bx} x_vec={x_vec}", spec.name), spec.source_text(&[]), emulated));
+                for w_raw in if ty == GgmlType::F16 { vec![false, true] } else { vec![false] } {
+                    for emulated in [false, true] {
+                        let spec = Plan { bx, x_vec, w_raw }.spec_as(ty, emulated);
+                        let label = format!("{} BX={bx} x_vec={x_vec} w_raw={w_raw}", spec.name);
+                        v.push((label, spec.source_text(&[]), emulated));
+                    }
                 }
             }
         }

@@ -12,16 +12,23 @@
 // One workgroup of 256 invocations (8 subgroups of 32) owns BX x rows (64 or 128, the host's
 // choice) by BW = 128 W rows. The subgroups form a 2 x 4 grid, each owning BX/2 x rows by 32 W
 // rows: XV x 2 accumulators (XV = BX/32: 2 or 4 A matrices against 2 B matrices). K advances 32
-// at a time through double-buffered workgroup tiles: the next step's x loads are issued before
-// the current products (their latency hides behind them; converted and stored after), the next
-// W tile is dequantized after them, and one barrier per step separates the buffers (a buffer
-// is written one step after its last read, with a barrier in between).
+// at a time through double-buffered workgroup tiles, one barrier per step.
+//
+// As in ops/matmul_coop.wgsl (whose header says why this is what makes it fast), each
+// invocation stages fixed runs of 8 elements whose addresses, workgroup slots and edge tests are
+// worked out before the K loop, and the next step's x runs are loaded into registers before the
+// current products and converted only after them. W runs are loaded raw the same way where
+// they are plain f16 words (F16 rows of even length: `W_EARLY`); a quantized run has to be
+// decoded, which waits for its loads, so it is loaded and decoded after the products (which the
+// tensor cores then execute while the loads are in flight).
 //
 // Workgroup tiles: both are stored K-contiguous, row r of a tile at r * SK halves, SK = 32 + 8:
 // the 8 halves of padding (16 bytes) put the 8 rows a matrix load touches at once in different
 // banks. The X tile is read as a row-major A ([m][k], coopLoadT), the W tile as a column-major
-// B (B[k][n] = W[n][k] sits at n * SK + k: coopLoad). The arrays hold vec4<f16>, so loads and
-// stores move 8 bytes and the matrix loads' stride counts vec4s (SK4 = SK / 4).
+// B (B[k][n] = W[n][k] sits at n * SK + k: coopLoad). The arrays hold vec4<f16>, so a run of 8
+// is two of them and the matrix loads' stride counts vec4s (SK4 = SK / 4). Run v of a tile is
+// row v / 4, columns 8 (v % 4) ..; the X tile has BX * 4 runs (XV / 2 per invocation), the W
+// tile 512 (2 per invocation).
 //
 // Workgroup memory: 2 buffers x (BX + 128) rows x 80 bytes + an 8 KiB f32 scratch (one 16 x 16
 // matrix per subgroup) = 48 KiB for BX = 128, 38 KiB for BX = 64.
@@ -33,9 +40,9 @@
 //
 // The header constant BX comes from the host (quant/coop.rs), which assembles the kernel with
 // common.wgsl (one type's sections), one of the two x sections below (xvec where cols and x_off
-// are multiples of 4, else xscalar) and `fn deq8(rb, c, cols) -> V8` forwarding to the type's
-// expansion. The `*_emu` sections are the tests' variant without cooperative matrices (the end
-// of this file).
+// are multiples of 4, else xscalar) and the W loader (`W_EARLY`, `Raw_w`, `ld_w(rb, c, n)`,
+// `st_w(at, r, n)`: coop.rs, `w_loader`). The `*_emu` sections are the tests' variant without
+// cooperative matrices (the end of this file).
 
 struct Params {
     rows: u32,       // W rows in this dispatch (one row slice)
@@ -56,32 +63,67 @@ struct Params {
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-// x (binding 2) and `x_four(i, k)`: elements i .. i + 4 of x, which are columns k .. k + 4 of
-// one row (k < cols), those past the row's end zero.
+// x (binding 2) as runs of 8: `Raw_x`, `ld_x(i, n)` (the run at element i with its first n
+// elements inside the row, n = 0 to 8) and `st_x(at, r, n)` (rounded to f16, zero past n, into
+// vec4s at and at + 1 of sx).
 // @@ xvec xvec_emu
-// cols and i are multiples of 4: one vec4 load, all four inside the row.
+// cols and i are multiples of 4 (so n is 0, 4 or 8): two vec4 loads, kept raw until stored.
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-fn x_four(i: u32, k: u32) -> vec4<f32> {
-    return x[i >> 2u];
+fn ld_x(i: u32, n: u32) -> Raw8 {
+    return Raw8(x[i >> 2u], x[(i >> 2u) + 1u]);
+}
+fn st_x(at: u32, r: Raw8, n: u32) {
+    sx[at] = select(vec4<f16>(0.0h), to_f16(r.lo), n >= 4u);
+    sx[at + 1u] = select(vec4<f16>(0.0h), to_f16(r.hi), n >= 8u);
 }
 // @@ xscalar xscalar_emu
+// Any cols and offset: element loads, masked as they are read.
 @group(0) @binding(2) var<storage, read> x: array<f32>;
-fn x_four(i: u32, k: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
+fn ld_x(i: u32, n: u32) -> Raw8 {
+    var r = Raw8(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var e = 0u; e < 4u; e++) {
-        if (k + e < p.cols) {
-            v[e] = x[i + e];
+        if (e < n) {
+            r.lo[e] = x[i + e];
+        }
+        if (e + 4u < n) {
+            r.hi[e] = x[i + 4u + e];
         }
     }
-    return v;
+    return r;
+}
+fn st_x(at: u32, r: Raw8, n: u32) {
+    sx[at] = to_f16(r.lo);
+    sx[at + 1u] = to_f16(r.hi);
 }
 // @@ end
+
+struct Raw8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// Rounded to f16, clamped to its range (an outlier activation saturates instead of becoming inf).
+fn to_f16(v: vec4<f32>) -> vec4<f16> {
+    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+}
+
+// Four f16 packed in two u32 words, as a vec4<f16> (exact: through f32).
+fn u2h(x: vec2<u32>) -> vec4<f16> {
+    return vec4<f16>(vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)));
+}
+
+// Zero past the first n of 4 elements.
+fn mask4(v: vec4<f16>, n: u32) -> vec4<f16> {
+    return select(vec4<f16>(0.0h), v, vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(n));
+}
+
+{{W_LOADER}}
 
 const BW: u32 = 128u;
 const BK: u32 = 32u;
 const SK: u32 = 40u;
 const SK4: u32 = 10u;
-const XV: u32 = BX / 32u;   // x vec4s each invocation stages per step = A matrices per subgroup
+const XV: u32 = BX / 32u;   // A matrices per subgroup
 const SX4: u32 = BX * SK4;  // vec4s per buffered X tile
 const SW4: u32 = BW * SK4;  // vec4s per buffered W tile
 
@@ -89,59 +131,9 @@ var<workgroup> sx: array<vec4<f16>, 2u * SX4>;
 var<workgroup> sw: array<vec4<f16>, 2u * SW4>;
 var<workgroup> scratch: array<f32, 2048>;
 
-// ---- staging -------------------------------------------------------------------------------
-
-// The X tile of one step: BX rows x 32 columns = BX * 8 vec4s, XV per invocation; slot s is
-// vec4 v = tid + 256 s: row v / 8, columns (v % 8) * 4 .. + 4 (8 invocations read one row's
-// 128 contiguous bytes). Raw f32 here; rounded in store_x.
-fn load_x(tid: u32, x0: u32, k0: u32) -> array<vec4<f32>, 4> {
-    var r: array<vec4<f32>, 4>;
-    for (var s = 0u; s < XV; s++) {
-        let v = tid + s * 256u;
-        let row = x0 + v / 8u;
-        let k = k0 + (v % 8u) * 4u;
-        var v4 = vec4<f32>(0.0);
-        if (row < p.n && k < p.cols) {
-            v4 = x_four(p.x_off + row * p.cols + k, k);
-        }
-        r[s] = v4;
-    }
-    return r;
-}
-
-fn store_x(tid: u32, buf: u32, r: array<vec4<f32>, 4>) {
-    for (var s = 0u; s < XV; s++) {
-        let v = tid + s * 256u;
-        sx[buf * SX4 + (v / 8u) * SK4 + v % 8u] = vec4<f16>(clamp(r[s], vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-    }
-}
-
-// The W tile of one step: 128 rows x 32 columns = 512 runs of 8 weights, 2 per invocation;
-// run u = tid + 256 s covers row u / 4, columns (u % 4) * 8 .. + 8 (4 invocations decode one
-// row's 32 columns, mostly one block: a subgroup reads 8 rows' blocks).
-fn load_w(tid: u32, w0: u32, k0: u32) -> array<vec4<f16>, 4> {
-    var r: array<vec4<f16>, 4>;
-    for (var s = 0u; s < 2u; s++) {
-        let u = tid + s * 256u;
-        let row = w0 + u / 4u;
-        let c = k0 + (u % 4u) * 8u;
-        var v = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (row < p.rows && c < p.cols) {
-            v = deq8(p.w_off + row * p.row_bytes, c, p.cols);
-        }
-        r[2u * s] = vec4<f16>(v.lo);
-        r[2u * s + 1u] = vec4<f16>(v.hi);
-    }
-    return r;
-}
-
-fn store_w(tid: u32, buf: u32, r: array<vec4<f16>, 4>) {
-    for (var s = 0u; s < 2u; s++) {
-        let u = tid + s * 256u;
-        let at = buf * SW4 + (u / 4u) * SK4 + (u % 4u) * 2u;
-        sw[at] = r[2u * s];
-        sw[at + 1u] = r[2u * s + 1u];
-    }
+// Valid elements of the run at column c of a row: 0 past the row's end or a row past `len`.
+fn run_len(row_ok: bool, c: u32) -> u32 {
+    return select(0u, min(p.cols - c, 8u), row_ok && c < p.cols);
 }
 
 // vec4 index of the 16 x 16 block at (tile row, k) of a buffer: X rows (A, row-major) or W rows
@@ -206,69 +198,127 @@ fn matmul(
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
 
+    // This invocation's runs: x run tid (and tid + 256 when BX = 128), W runs tid and tid + 256.
+    let xr0 = x0 + tid / 4u;
+    let xr1 = xr0 + 64u;
+    let xc = (tid % 4u) * 8u;
+    let x_ok0 = xr0 < p.n;
+    let x_ok1 = XV == 4u && xr1 < p.n;
+    let xi0 = p.x_off + xr0 * p.cols + xc;
+    let xi1 = p.x_off + xr1 * p.cols + xc;
+    let xs0 = (tid / 4u) * SK4 + (tid % 4u) * 2u;
+    let xs1 = xs0 + 64u * SK4;
+    let wr = w0 + tid / 4u;
+    let w_ok0 = wr < p.rows;
+    let w_ok1 = wr + 64u < p.rows;
+    let rb0 = p.w_off + wr * p.row_bytes;
+    let rb1 = rb0 + 64u * p.row_bytes;
+    let ws0 = xs0;
+    let ws1 = ws0 + 64u * SK4;
+
     let ntiles = (p.cols + BK - 1u) / BK;
-    var rx = load_x(tid, x0, 0u);
-    var rw = load_w(tid, w0, 0u);
-    store_x(tid, 0u, rx);
-    store_w(tid, 0u, rw);
+    var nx0 = run_len(x_ok0, xc);
+    var nx1 = run_len(x_ok1, xc);
+    var nw0 = run_len(w_ok0, xc);
+    var nw1 = run_len(w_ok1, xc);
+    var rx0 = ld_x(xi0, nx0);
+    var rx1 = ld_x(xi1, nx1);
+    var rw0 = ld_w(rb0, xc, nw0);
+    var rw1 = ld_w(rb1, xc, nw1);
+    st_x(xs0, rx0, nx0);
+    if (XV == 4u) {
+        st_x(xs1, rx1, nx1);
+    }
+    st_w(ws0, rw0, nw0);
+    st_w(ws1, rw1, nw1);
     workgroupBarrier();
     for (var t = 0u; t < ntiles; t++) {
         let cur = t % 2u;
         let more = t + 1u < ntiles;
+        let c1 = (t + 1u) * BK + xc;
         if (more) {
-            rx = load_x(tid, x0, (t + 1u) * BK);
-        }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            var a0: coop_mat16x16<f16, A>;
-            var a1: coop_mat16x16<f16, A>;
-            var b0: coop_mat16x16<f16, B>;
-            var b1: coop_mat16x16<f16, B>;
-            a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, kk)], SK4);
-            a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, kk)], SK4);
-            b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, kk)], SK4);
-            b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, kk)], SK4);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
+            // The next step's runs: loaded now, first used after this step's products.
+            nx0 = run_len(x_ok0, c1);
+            nx1 = run_len(x_ok1, c1);
+            nw0 = run_len(w_ok0, c1);
+            nw1 = run_len(w_ok1, c1);
+            rx0 = ld_x(xi0 + (t + 1u) * BK, nx0);
             if (XV == 4u) {
-                var a2: coop_mat16x16<f16, A>;
-                var a3: coop_mat16x16<f16, A>;
-                a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, kk)], SK4);
-                a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, kk)], SK4);
-                c20 = coopMultiplyAdd(a2, b0, c20);
-                c21 = coopMultiplyAdd(a2, b1, c21);
-                c30 = coopMultiplyAdd(a3, b0, c30);
-                c31 = coopMultiplyAdd(a3, b1, c31);
+                rx1 = ld_x(xi1 + (t + 1u) * BK, nx1);
+            }
+            if (W_EARLY == 1u) {
+                rw0 = ld_w(rb0, c1, nw0);
+                rw1 = ld_w(rb1, c1, nw1);
             }
         }
+        // Two K-steps of 16, written out.
+        var a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, 0u)], SK4);
+        var a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, 0u)], SK4);
+        var b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, 0u)], SK4);
+        var b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, 0u)], SK4);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        c01 = coopMultiplyAdd(a0, b1, c01);
+        c10 = coopMultiplyAdd(a1, b0, c10);
+        c11 = coopMultiplyAdd(a1, b1, c11);
+        if (XV == 4u) {
+            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, 0u)], SK4);
+            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, 0u)], SK4);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+        }
+        a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, 16u)], SK4);
+        a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, 16u)], SK4);
+        b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, 16u)], SK4);
+        b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, 16u)], SK4);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        c01 = coopMultiplyAdd(a0, b1, c01);
+        c10 = coopMultiplyAdd(a1, b0, c10);
+        c11 = coopMultiplyAdd(a1, b1, c11);
+        if (XV == 4u) {
+            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, 16u)], SK4);
+            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, 16u)], SK4);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+        }
         if (more) {
-            rw = load_w(tid, w0, (t + 1u) * BK);
-            store_x(tid, 1u - cur, rx);
-            store_w(tid, 1u - cur, rw);
+            if (W_EARLY == 0u) {
+                rw0 = ld_w(rb0, c1, nw0);
+                rw1 = ld_w(rb1, c1, nw1);
+            }
+            let nxt = 1u - cur;
+            st_x(nxt * SX4 + xs0, rx0, nx0);
+            if (XV == 4u) {
+                st_x(nxt * SX4 + xs1, rx1, nx1);
+            }
+            st_w(nxt * SW4 + ws0, rw0, nw0);
+            st_w(nxt * SW4 + ws1, rw1, nw1);
         }
         workgroupBarrier();
     }
 
     let xr = x0 + wx;
-    let wr = w0 + ww;
+    let wr2 = w0 + ww;
     coopStoreT(c00, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr, wr);
+    drain(sg, lane, xr, wr2);
     coopStoreT(c01, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr, wr + 16u);
+    drain(sg, lane, xr, wr2 + 16u);
     coopStoreT(c10, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr + 16u, wr);
+    drain(sg, lane, xr + 16u, wr2);
     coopStoreT(c11, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr + 16u, wr + 16u);
+    drain(sg, lane, xr + 16u, wr2 + 16u);
     if (XV == 4u) {
         coopStoreT(c20, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 32u, wr);
+        drain(sg, lane, xr + 32u, wr2);
         coopStoreT(c21, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 32u, wr + 16u);
+        drain(sg, lane, xr + 32u, wr2 + 16u);
         coopStoreT(c30, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 48u, wr);
+        drain(sg, lane, xr + 48u, wr2);
         coopStoreT(c31, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 48u, wr + 16u);
+        drain(sg, lane, xr + 48u, wr2 + 16u);
     }
 }
 

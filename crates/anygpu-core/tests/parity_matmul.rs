@@ -6,6 +6,7 @@
 use anygpu_core::ops::matmul::{
     blocked_wgsl_variants, gpu_matmul_path, gpu_matmul_supports, gpu_matmul_using, MatmulPath,
 };
+use anygpu_core::ops::unary::UnaryOp;
 use anygpu_core::testing::{check_close, gpu_devices, parity, parity_err, rand_vec, validate_wgsl_for_vulkan};
 use anygpu_core::{DType, Device, Result, Tensor};
 use half::f16;
@@ -172,6 +173,17 @@ fn coop_path_where_the_device_has_it() {
         check("coop batched x shared", atol, rtol, &|d| {
             mm(d, &t(52, &[4, 70, 129], h, d), &t(53, &[129, 33], h, d), None, c)
         });
+        // The activation epilogue (BERT's FFN: f32 tokens x f16 weights, GELU) against the
+        // CPU's product then unary op.
+        for act in [UnaryOp::GeluErf, UnaryOp::Silu, UnaryOp::Relu] {
+            for &(m, k, n) in &[(130, 96, 136), (65, 37, 33)] {
+                let (atol, rtol) = (5e-4 * (k as f32).sqrt() + 1e-4, 1e-3);
+                check(&format!("coop {act:?} epilogue {m}x{k}x{n}"), atol, rtol, &|d| {
+                    let bias = t(57, &[n], DType::F32, d);
+                    t(58, &[m, k], f, d).matmul_bias_act(&t(59, &[k, n], h, d), &bias, act)?.to_vec_f32()
+                });
+            }
+        }
         check("coop bias", atol, rtol, &|d| {
             let bias = t(54, &[131], DType::F32, d).narrow(0, 1, 130)?;
             mm(d, &t(55, &[129, 129], h, d), &t(56, &[129, 130], h, d), Some(&bias), c)
@@ -228,6 +240,22 @@ fn batched_and_shared_operands() {
                 let q = t(36, &[2, 65, 3, 12], da, d).permute(&[0, 2, 1, 3])?;
                 let kt = t(37, &[2, 3, 12, 70], db, d);
                 mm(d, &q, &kt, None, path)
+            });
+        }
+    }
+}
+
+/// `matmul_bias_act` on every device: fused into the coop kernel where it runs (checked in
+/// `coop_path_where_the_device_has_it`), else the product then the unary op.
+#[test]
+fn matmul_bias_act_matches_composition() {
+    let _turn = serial();
+    for act in [UnaryOp::GeluErf, UnaryOp::Silu] {
+        for (da, db) in [(DType::F32, DType::F32), (DType::F32, DType::F16)] {
+            let (atol, rtol) = (5e-4 * 8.0 + 1e-4, 1e-3);
+            parity(&format!("matmul_bias_act {act:?} {da}x{db}"), atol, rtol, |d| {
+                let bias = t(60, &[70], DType::F32, d);
+                t(61, &[33, 64], da, d).matmul_bias_act(&t(62, &[64, 70], db, d), &bias, act)?.to_vec_f32()
             });
         }
     }

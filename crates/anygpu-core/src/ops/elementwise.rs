@@ -518,6 +518,7 @@ pub(crate) fn gpu_unary_expr(name: &'static str, expr: &'static str, x: &Tensor,
     };
     let spec = KernelSpec::new(format!("{entry}_{name}"), include_str!("unary.wgsl"), entry)
         .with(STRIDED_WGSL)
+        .with(super::unary::UNARY_MATH_WGSL)
         .constant_u32("VPT", VEC4_PER_THREAD);
     let pipeline = ctx.pipeline(&spec, &[("EXPR", expr)])?;
     ctx.dispatch(

@@ -33,7 +33,7 @@
 // 1) or b (binding 2): a type Raw_x (a chunk as loaded), `ld_x(i, n) -> Raw_x` (the chunk at
 // element i with its first n elements valid, n = 0 to 8) and `st_x(at, r, n)` (converts it to
 // f16, zero past n, into vec4s at and at + 1 of sa or sb); then bias (binding 3) and c
-// (binding 4) with ld_bias, st_c4 and st_c.
+// (binding 4) with ld_bias, st_c4 and st_c, and `fn act(x: f32) -> f32` (see emit8).
 
 struct Params {
     m: u32,
@@ -147,7 +147,9 @@ fn ld_fb(at: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&sb[at], SB / 4u);
 }
 
-// Adds the bias to 8 consecutive outputs of row r from columns col.., rounds and writes them.
+// Adds the bias to 8 consecutive outputs of row r from columns col.., applies the activation
+// (`act`, from the host: the identity, or one of unary_math.wgsl's functions), rounds and
+// writes them.
 fn emit8(o: u32, r: u32, col: u32, v0: vec4<f32>, v1: vec4<f32>) {
     if (r >= p.m || col >= p.n) {
         return;
@@ -164,6 +166,8 @@ fn emit8(o: u32, r: u32, col: u32, v0: vec4<f32>, v1: vec4<f32>) {
             }
         }
     }
+    x0 = vec4<f32>(act(x0.x), act(x0.y), act(x0.z), act(x0.w));
+    x1 = vec4<f32>(act(x1.x), act(x1.y), act(x1.z), act(x1.w));
     if (VEC_OUT == 1u && col + 8u <= p.n) {
         st_c4(o, x0);
         st_c4(o + 4u, x1);

@@ -12,11 +12,15 @@
 //! The GPU forms are the numerically careful ones: sigmoid and silu never overflow, tanh does
 //! not go through the driver's `tanh` (NaN for large |x| on some drivers), and GELU's erf, which
 //! WGSL lacks, comes from a Chebyshev fit of erfc with relative error below 1.2e-7 (see
-//! `unary.wgsl`).
+//! `unary_math.wgsl`).
 
 use super::elementwise::{cpu_map, f32_data, gpu_unary_expr, multiversion};
 use crate::error::Result;
 use crate::tensor::{CpuStorage, Tensor};
+
+/// The scalar functions the unary ops' expressions call (sigmoid_f, gelu_erf_f, ...), shared
+/// with the matmul's activation epilogue.
+pub(crate) const UNARY_MATH_WGSL: &str = include_str!("unary_math.wgsl");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
@@ -73,8 +77,8 @@ impl UnaryOp {
         }
     }
 
-    /// The op as a WGSL expression over `x` (helpers in `unary.wgsl`).
-    fn wgsl(self) -> &'static str {
+    /// The op as a WGSL expression over `x` (helpers in `unary_math.wgsl`).
+    pub(crate) fn wgsl(self) -> &'static str {
         match self {
             UnaryOp::Relu => "max(x, 0.0)",
             UnaryOp::GeluErf => "gelu_erf_f(x)",

@@ -207,6 +207,53 @@ fn head_dim_256_and_no_keys() {
     case(1, 2, 1, 3, 0, 8, false).check(None, Layout::Contiguous);
 }
 
+/// The output is stored in [B, Tq, Hq, D] order on every device: the returned [B, Hq, Tq, D]
+/// tensor's strides say so, and the `permute([0, 2, 1, 3])` + `reshape([B·Tq, Hq·D])` callers
+/// make of it is a view of the same storage (no dispatch) holding the CPU's values. Single-pass
+/// and split (combine) paths, a decode-like Tq = 1, GQA, and no keys (zeros).
+#[test]
+fn output_stored_in_bthd_order() {
+    let _serial = serial();
+    let cases = [
+        (case(2, 4, 2, 7, 33, 16, true), 1),
+        (case(2, 4, 2, 7, 33, 16, true), 3),
+        (case(1, 3, 3, 5, 9, 7, false), 2),
+        (case(1, 6, 2, 1, 40, 8, true), 4),
+        (case(2, 3, 1, 4, 0, 8, false), 1),
+    ];
+    for (c, splits) in cases {
+        let name = format!("{} splits {splits}: output layout", c.name());
+        let (b, hq, tq, d) = (c.b, c.hq, c.tq, c.d);
+        parity(&name, 2e-5, 2e-4, |dev| {
+            let q = bthd(1, b, hq, tq, d, dev);
+            let (k, v) = (bthd(2, b, c.hkv, c.tk, d, dev), bthd(3, b, c.hkv, c.tk, d, dev));
+            let tuning = AttentionTuning { splits: Some(splits), tiles: None };
+            let o = match dev {
+                Device::Gpu(_) => gpu_attention_tuned(&q, &k, &v, &c.opts(), tuning)?,
+                _ => q.attention(&k, &v, &c.opts())?,
+            };
+            assert_eq!(o.dims(), &[b, hq, tq, d], "{name} on {}", dev.name());
+            assert_eq!(o.layout().strides, [tq * hq * d, d, hq * d, 1], "{name} on {}", dev.name());
+            let merge = || o.permute(&[0, 2, 1, 3])?.reshape([b * tq, hq * d]);
+            let merged = match dev.gpu() {
+                Some(ctx) => {
+                    let (m, rec) = ctx.record(merge)?;
+                    assert!(rec.is_empty(), "{name} on {}: the merge dispatched {} kernels", dev.name(), rec.len());
+                    assert!(std::ptr::eq(m.gpu_buffer().expect("gpu"), o.gpu_buffer().expect("gpu")), "{name}");
+                    m
+                }
+                None => {
+                    let m = merge()?;
+                    assert!(std::ptr::eq(m.cpu_storage().expect("cpu"), o.cpu_storage().expect("cpu")), "{name}");
+                    m
+                }
+            };
+            assert_eq!(merged.layout().offset, o.layout().offset, "{name}");
+            merged.to_vec_f32()
+        });
+    }
+}
+
 #[test]
 fn shape_errors() {
     let _serial = serial();

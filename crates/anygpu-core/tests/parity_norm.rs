@@ -1,5 +1,6 @@
-//! Parity tests for softmax / log_softmax (plain and causal) and layer_norm / rms_norm: odd row
-//! lengths (1, 7, 257, 50,000), views, -inf and huge values, and the error cases. Each body runs
+//! Parity tests for softmax / log_softmax (plain and causal), layer_norm / rms_norm and the
+//! fused add_layer_norm: odd row lengths (1, 7, 257, 50,000), views, -inf and huge values, and
+//! the error cases. Each body runs
 //! on the CPU reference and on every GPU device (see anygpu_core::testing).
 //! `bench_norm_bandwidth` (ignored) measures them on a real GPU.
 
@@ -189,8 +190,111 @@ fn norm_errors() {
     });
 }
 
+/// `x.add_layer_norm(r)` and the composition `x.add(r)?.layer_norm()`, concatenated: the GPU's
+/// fused kernel and its composition both against the CPU's. The CPU reference is the
+/// composition itself: there the two agree exactly.
+fn add_ln_and_composition(
+    d: &Device,
+    x: &Tensor,
+    r: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    eps: f32,
+) -> Result<Vec<f32>> {
+    let fused = x.add_layer_norm(r, w, b, eps)?;
+    assert_eq!(fused.dims(), x.dims());
+    let fused = fused.to_vec_f32()?;
+    let composed = x.add(r)?.layer_norm(w, b, eps)?.to_vec_f32()?;
+    if matches!(d, Device::Cpu) {
+        assert_eq!(fused, composed, "CPU add_layer_norm differs from add + layer_norm");
+    }
+    Ok([fused, composed].concat())
+}
+
+#[test]
+fn add_layer_norm_odd_rows() {
+    // Rows of 1, 3, 257 (past one workgroup's 256 threads), 384 (MiniLM's C) and 1000 columns,
+    // several row counts, every weight / bias combination.
+    for dims in [vec![1], vec![4, 1], vec![3], vec![5, 3], vec![3, 257], vec![2, 3, 384], vec![7, 1000]] {
+        let c = *dims.last().unwrap();
+        for (with_w, with_b) in [(false, false), (true, false), (true, true), (false, true)] {
+            let name = format!("add_layer_norm {dims:?} weight {with_w} bias {with_b}");
+            parity(&name, 2e-5, 1e-5, |d| {
+                let w = if with_w { Some(t(31, &[c], 2.0, d)?) } else { None };
+                let b = if with_b { Some(t(32, &[c], 1.0, d)?) } else { None };
+                add_ln_and_composition(d, &t(33, &dims, 3.0, d)?, &t(34, &dims, 2.0, d)?, w.as_ref(), b.as_ref(), 1e-5)
+            });
+        }
+    }
+}
+
+#[test]
+fn add_layer_norm_views_and_large_values() {
+    // Views that start mid-buffer and a transposed residual (made contiguous first), weight and
+    // bias views.
+    parity("add_layer_norm views", 2e-5, 1e-5, |d| {
+        let x = t(40, &[9, 40], 2.0, d)?.narrow(1, 3, 33)?.narrow(0, 1, 7)?;
+        let r = t(41, &[33, 7], 2.0, d)?.transpose(0, 1)?;
+        let w = t(42, &[40], 1.0, d)?.narrow(0, 5, 33)?;
+        let b = t(43, &[40], 1.0, d)?.narrow(0, 1, 33)?;
+        add_ln_and_composition(d, &x, &r, Some(&w), Some(&b), 1e-5)
+    });
+    // A large common offset split between the operands (cancels nothing: the kernel shifts by
+    // the row's first sum, as layer_norm does), and a residual that cancels x exactly (a
+    // constant row: output 0 or the bias, no NaN).
+    for c in [7, 384] {
+        parity("add_layer_norm large mean", 2e-5, 1e-5, |d| {
+            let x = from(rand_vec(44, 3 * c).iter().map(|v| 6e3 + v).collect(), &[3, c], d)?;
+            let r = from(rand_vec(45, 3 * c).iter().map(|v| 4e3 + v).collect(), &[3, c], d)?;
+            add_ln_and_composition(d, &x, &r, None, None, 1e-5)
+        });
+    }
+    parity("add_layer_norm cancelling rows", 0.0, 0.0, |d| {
+        let x = t(46, &[2, 300], 3.0, d)?;
+        let out = add_ln_and_composition(d, &x, &x.neg()?, None, Some(&from(vec![0.25; 300], &[300], d)?), 1e-5)?;
+        assert!(out.iter().all(|&v| v == 0.25), "{}: {:?}", d.name(), &out[..4]);
+        Ok(out)
+    });
+    parity("add_layer_norm zero rows", 0.0, 0.0, |d| {
+        t(47, &[0, 8], 1.0, d)?.add_layer_norm(&t(48, &[0, 8], 1.0, d)?, None, None, 1e-5)?.to_vec_f32()
+    });
+}
+
+#[test]
+fn add_layer_norm_errors() {
+    let ln = |x: Tensor, r: Tensor, w: Option<Tensor>| x.add_layer_norm(&r, w.as_ref(), None, 1e-5);
+    parity_err("add_layer_norm residual shape", "residual shape [3, 7] does not match input [3, 8]", |d| {
+        ln(t(1, &[3, 8], 1.0, d)?, t(2, &[3, 7], 1.0, d)?, None)
+    });
+    // No broadcasting: a residual of one row is an error too.
+    parity_err("add_layer_norm residual broadcast", "residual shape [8] does not match", |d| {
+        ln(t(1, &[3, 8], 1.0, d)?, t(2, &[8], 1.0, d)?, None)
+    });
+    parity_err("add_layer_norm residual dtype", "expected f32", |d| {
+        ln(t(1, &[3, 8], 1.0, d)?, t(2, &[3, 8], 1.0, d)?.to_dtype(DType::F16)?, None)
+    });
+    parity_err("add_layer_norm weight shape", "does not match [8]", |d| {
+        ln(t(1, &[3, 8], 1.0, d)?, t(2, &[3, 8], 1.0, d)?, Some(t(3, &[7], 1.0, d)?))
+    });
+    parity_err("add_layer_norm empty axis", "non-empty last axis", |d| {
+        ln(Tensor::zeros([4, 0], DType::F32, d)?, Tensor::zeros([4, 0], DType::F32, d)?, None)
+    });
+    for d in gpu_devices() {
+        let err = ln(t(1, &[3, 8], 1.0, d).unwrap(), t(2, &[3, 8], 1.0, &Device::Cpu).unwrap(), None)
+            .expect_err("residual on another device")
+            .to_string();
+        assert!(err.contains("different devices"), "{err}");
+    }
+}
+
 /// Seconds per call of `f`, over `iters` calls queued back to back.
 fn time(d: &Device, iters: usize, f: &dyn Fn() -> Result<Tensor>) -> f64 {
+    // Each op starts with an empty buffer pool: the GiB-sized outputs of the ops before would
+    // fill it, and a buffer given back to a full pool is destroyed at once, even while queued
+    // work still binds it (gpu/pool.rs), which fails the submit.
+    if let Some(ctx) = d.gpu() {
+        ctx.release_pooled().unwrap();
+    }
     drop(f().unwrap());
     d.sync().unwrap();
     let t0 = std::time::Instant::now();
@@ -210,18 +314,23 @@ fn bench_norm_bandwidth() {
         return;
     };
     println!("device: {}", d.name());
-    for (rows, c) in [(65536usize, 4096usize), (2048, 50_000), (1 << 20, 256), (4 << 20, 64)] {
+    // [8192, 384]: a MiniLM batch of 64 x 128 tokens.
+    for (rows, c) in [(65536usize, 4096usize), (2048, 50_000), (1 << 20, 256), (4 << 20, 64), (8192, 384)] {
         let x = Tensor::zeros([rows, c], DType::F32, d).unwrap();
         let w = t(2, &[c], 1.0, d).unwrap();
-        let bytes = 2.0 * 4.0 * (rows * c) as f64;
-        for (name, f) in [
-            ("softmax", &(|| x.softmax(SOFTMAX)) as &dyn Fn() -> Result<Tensor>),
-            ("causal softmax", &|| x.reshape([rows / 8, 8, c])?.softmax(SoftmaxOpts { log: false, causal: true })),
-            ("layer_norm w+b", &|| x.layer_norm(Some(&w), Some(&w), 1e-5)),
-            ("rms_norm w", &|| x.rms_norm(Some(&w), 1e-5)),
+        // Bytes moved: one read and one write per element; add_layer_norm reads two inputs
+        // (its composition: add reads two and writes one, then the norm).
+        let bytes = |streams: f64| streams * 4.0 * (rows * c) as f64;
+        for (name, streams, f) in [
+            ("softmax", 2.0, &(|| x.softmax(SOFTMAX)) as &dyn Fn() -> Result<Tensor>),
+            ("causal softmax", 2.0, &|| x.reshape([rows / 8, 8, c])?.softmax(SoftmaxOpts { log: false, causal: true })),
+            ("layer_norm w+b", 2.0, &|| x.layer_norm(Some(&w), Some(&w), 1e-5)),
+            ("add + layer_norm", 5.0, &|| x.add(&x)?.layer_norm(Some(&w), Some(&w), 1e-5)),
+            ("add_layer_norm", 3.0, &|| x.add_layer_norm(&x, Some(&w), Some(&w), 1e-5)),
+            ("rms_norm w", 2.0, &|| x.rms_norm(Some(&w), 1e-5)),
         ] {
             let s = time(d, 10, f);
-            println!("{name:<16} [{rows} x {c}]  {:>8.1} GB/s  {:>8.1} us", bytes / s / 1e9, s * 1e6);
+            println!("{name:<16} [{rows} x {c}]  {:>8.1} GB/s  {:>8.1} us", bytes(streams) / s / 1e9, s * 1e6);
         }
     }
 }

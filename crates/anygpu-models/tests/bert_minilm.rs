@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anygpu_core::testing::gpu_devices;
 use anygpu_core::{Device, Tensor};
-use anygpu_models::bert::{cosine, pool, Batch, Pooling, SentenceEmbedder, WeightDType};
+use anygpu_models::bert::{cosine, pool, profile_forward, Batch, Pooling, SentenceEmbedder, WeightDType};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -186,6 +186,27 @@ fn pooling_modes_ignore_padding() {
         let normed = pool(&h, &lengths, &Pooling::CLS, true).expect("pool");
         let norm = normed[1].iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5);
+    }
+}
+
+/// The fused GPU forward (no padding) moves no activation twice: the output projection reads
+/// the attention output in place (no `contiguous` copy) and each residual add is part of its
+/// layer norm (`add_layer_norm`, two per layer; the one `add` left is the embeddings'). Counted
+/// by op name in a profiled forward, on each GPU device with timestamp queries.
+#[test]
+fn fused_forward_makes_no_copies_or_residual_adds() {
+    for dev in gpu_devices() {
+        let m = load(dev);
+        let Some(ops) = profile_forward(&m, 2, 16).expect("profile") else { continue };
+        let count = |name: &str| -> usize {
+            ops.iter().filter(|(op, ..)| op.split(" [").next() == Some(name)).map(|(_, n, _)| n).sum()
+        };
+        let layers = m.model.config.num_hidden_layers;
+        let all: Vec<(&str, usize)> = ops.iter().map(|(op, n, _)| (op.as_str(), *n)).collect();
+        assert_eq!(count("contiguous"), 0, "copies on {}: {all:?}", dev.name());
+        assert_eq!(count("attention"), layers, "on {}: {all:?}", dev.name());
+        assert_eq!(count("add_layer_norm"), 2 * layers, "on {}: {all:?}", dev.name());
+        assert_eq!(count("add"), 1, "on {}: {all:?}", dev.name());
     }
 }
 

@@ -47,6 +47,16 @@ impl Backend for GpuContext {
     fn layer_norm(&self, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f32) -> Result<Tensor> {
         ops::norm::gpu_layer_norm(x, weight, bias, eps)
     }
+    fn add_layer_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<Tensor> {
+        ops::norm::gpu_add_layer_norm(x, residual, weight, bias, eps)
+    }
     fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, eps: f32) -> Result<Tensor> {
         ops::norm::gpu_rms_norm(x, weight, eps)
     }

@@ -47,6 +47,15 @@ pub trait Backend: Send + Sync {
     fn softmax(&self, x: &Tensor, opts: SoftmaxOpts) -> Result<Tensor>;
     /// Layer norm over the last axis, with optional weight and bias.
     fn layer_norm(&self, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f32) -> Result<Tensor>;
+    /// `layer_norm(x + residual)` in one op (x and residual of one shape).
+    fn add_layer_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<Tensor>;
     /// RMS norm over the last axis, with optional weight.
     fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, eps: f32) -> Result<Tensor>;
 

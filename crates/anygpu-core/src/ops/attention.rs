@@ -9,6 +9,11 @@
 //! Q is f32; K and V are f32 or f16 (an f16 KV cache halves decode bandwidth). Any strided
 //! view is read in place (q/k/v are usually transposes of [B, T, H, D]).
 //!
+//! The output is stored in [B, Tq, Hq, D] order and returned as the [B, Hq, Tq, D] view of it
+//! (strides [Tq·Hq·D, D, Hq·D, 1]), on every device: the caller's next step is nearly always
+//! `permute([0, 2, 1, 3])` + `reshape([B·Tq, Hq·D])` (the heads of a token side by side, the
+//! output projection's input), which is then a view, not a copy.
+//!
 //! GPU: `attention.wgsl` (one workgroup per block of query rows of one KV head, K/V tiles
 //! through workgroup memory, online softmax), with the key range optionally split over several
 //! workgroups and merged by `attention_combine.wgsl` (flash-decoding) when the rows alone do not
@@ -59,6 +64,10 @@ struct Dims {
 impl Dims {
     fn out_shape(&self) -> Vec<usize> {
         vec![self.b, self.hq, self.tq, self.d]
+    }
+    /// The output's storage order, [B, Tq, Hq, D] (see the module doc).
+    fn stored_shape(&self) -> Vec<usize> {
+        vec![self.b, self.tq, self.hq, self.d]
     }
     /// Exclusive end of the keys query `i` sees.
     fn visible(&self, i: usize, causal: bool) -> usize {
@@ -135,7 +144,8 @@ impl<'a> View<'a> {
     }
 }
 
-/// Reference: scores, max-subtracted softmax, weighted sum, one query row (b, h, i) at a time;
+/// Reference: scores, max-subtracted softmax, weighted sum, one query row (b, h, i) at a time
+/// (in the output's [B, Tq, Hq, D] storage order);
 /// rows go to rayon tasks when there is enough work to pay for the hand-off (a decode step's
 /// few heads over a short context run on the calling thread). Rows whose D elements are
 /// contiguous (the usual case: views of a KV cache, permuted queries) take slice loops the
@@ -149,8 +159,8 @@ pub fn cpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
     let mut out = vec![0f32; s.b * s.hq * s.tq * d];
     let fma = has_avx2_fma();
     let row = |scores: &mut Vec<f32>, (row, o): (usize, &mut [f32])| {
-        let i = row % s.tq;
-        let h = (row / s.tq) % s.hq;
+        let h = row % s.hq;
+        let i = (row / s.hq) % s.tq;
         let b = row / (s.tq * s.hq);
         let n = s.visible(i, opts.causal);
         if n == 0 {
@@ -200,7 +210,24 @@ pub fn cpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
             out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, row);
         }
     }
-    Ok(Tensor::cpu(CpuStorage::F32(out), s.out_shape().into()))
+    as_bhtd(Tensor::cpu(CpuStorage::F32(out), s.stored_shape().into()))
+}
+
+/// The [B, Hq, Tq, D] view of an output stored [B, Tq, Hq, D].
+fn as_bhtd(stored: Tensor) -> Result<Tensor> {
+    stored.permute(&[0, 2, 1, 3])
+}
+
+/// A new (uninitialised) GPU output, stored [B, Tq, Hq, D], seen as [B, Hq, Tq, D].
+fn gpu_output(shape: [usize; 4], device: &crate::Device) -> Result<Tensor> {
+    let [b, h, t, d] = shape;
+    as_bhtd(Tensor::gpu_empty(vec![b, t, h, d], DType::F32, device)?)
+}
+
+/// The output's strides (b, h, t, d) in elements, for the kernels.
+fn out_strides(out: &Tensor) -> Result<[u32; 4]> {
+    let l = &out.layout().strides;
+    Ok([to_u32(OP, l[0])?, to_u32(OP, l[1])?, to_u32(OP, l[2])?, to_u32(OP, l[3])?])
 }
 
 /// Whether the AVX2 + FMA variants of [`dot_f32`] / [`axpy_f32`] can run (the portable build
@@ -644,6 +671,9 @@ struct Params {
     qs: [u32; 4],
     ks: [u32; 4],
     vs: [u32; 4],
+    /// The output's strides (b, h, t, d); the partials of a split call are [B·Hq·Tq, splits,
+    /// D + 2] whatever they say.
+    os: [u32; 4],
 }
 
 #[repr(C)]
@@ -654,6 +684,11 @@ struct CombineParams {
     n_splits: u32,
     /// The partials' layout offset.
     off: u32,
+    tq: u32,
+    hq: u32,
+    _pad: [u32; 2],
+    /// The output's strides (b, h, t, d).
+    os: [u32; 4],
 }
 
 /// Workgroups that keep a large GPU busy; below this the keys are split (flash-decoding).
@@ -664,7 +699,7 @@ pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
 }
 
 /// The first pass of a split attention (flash-decoding), not yet merged: per output row
-/// (b, h, i) of [B, Hq, Tq, D], in that order, and per key split s, the D + 2 floats
+/// (b, h, i) of [B, Hq, Tq, D], in that order (not the output's storage order), and per key split s, the D + 2 floats
 /// (m, l, acc[D]): m the split's row max of the scaled scores (log2 domain), l its sum of
 /// exp2(score - m), acc its unnormalised weighted sum of V. Splits that saw no key hold
 /// (-1e30, 0, zeros). The output row is
@@ -693,9 +728,10 @@ impl AttentionPartials {
         self.n_splits
     }
 
-    /// The second pass: the attention output [B, Hq, Tq, D] (f32), one dispatch.
+    /// The second pass: the attention output [B, Hq, Tq, D] (f32, stored [B, Tq, Hq, D] as
+    /// [`Tensor::attention`]'s), one dispatch.
     pub fn combine(&self) -> Result<Tensor> {
-        let out = Tensor::gpu_empty(self.shape.to_vec(), DType::F32, self.part.device())?;
+        let out = gpu_output(self.shape, self.part.device())?;
         let ctx = gpu_of(OP, &self.part)?;
         let u = |x: usize| to_u32(OP, x);
         let n_out = out.numel();
@@ -707,6 +743,10 @@ impl AttentionPartials {
             d: u(self.shape[3])?,
             n_splits: u(self.n_splits)?,
             off: u(self.part.layout().offset)?,
+            tq: u(self.shape[2])?,
+            hq: u(self.shape[1])?,
+            _pad: [0; 2],
+            os: out_strides(&out)?,
         };
         let combine = ctx.pipeline(
             &KernelSpec::new("attention_combine", include_str!("attention_combine.wgsl"), "attention_combine"),
@@ -803,6 +843,8 @@ fn plan(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts, tuning: Attent
         qs: st(q)?,
         ks: st(k)?,
         vs: st(v)?,
+        // The strides `gpu_output` gives (the partials ignore them).
+        os: [u(s.hq * s.tq * s.d)?, u(s.d)?, u(s.hq * s.d)?, 1],
     };
     let pipeline = attention_pipeline(&ctx, &s, tiles, k, v)?;
     let n_wg = u(splits * base_wgs)?;
@@ -839,12 +881,14 @@ pub fn gpu_attention_tuned(
         let s = check(q, k, v)?;
         if s.tk == 0 {
             // Softmax over no keys: every row is empty, the output zeros.
-            return Tensor::zeros(s.out_shape(), DType::F32, q.device());
+            return as_bhtd(Tensor::zeros(s.stored_shape(), DType::F32, q.device())?);
         }
-        return Tensor::gpu_empty(s.out_shape(), DType::F32, q.device());
+        return as_bhtd(Tensor::gpu_empty(s.stored_shape(), DType::F32, q.device())?);
     };
     if plan.splits == 1 {
-        let out = Tensor::gpu_empty(plan.s.out_shape(), DType::F32, q.device())?;
+        let s = &plan.s;
+        let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
+        debug_assert_eq!(out_strides(&out)?, plan.params.os);
         plan.dispatch(q, k, v, &out)?;
         return Ok(out);
     }
@@ -881,7 +925,8 @@ pub fn gpu_attention_partials_tuned(
 
 impl Tensor {
     /// Scaled dot-product attention with `self` as the queries: `q.attention(k, v, opts)`.
-    /// q [B, Hq, Tq, D] (f32), k/v [B, Hkv, Tk, D] (f32 or f16) -> [B, Hq, Tq, D] (f32).
+    /// q [B, Hq, Tq, D] (f32), k/v [B, Hkv, Tk, D] (f32 or f16) -> [B, Hq, Tq, D] (f32), a view
+    /// of storage in [B, Tq, Hq, D] order: `permute([0, 2, 1, 3])` of it is contiguous.
     pub fn attention(&self, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
         same_device(OP, self, k)?;
         same_device(OP, self, v)?;

@@ -8,8 +8,10 @@
 // read each K/V tile once.
 //
 // Splits (flash-decoding): the key range may be cut into n_splits pieces, one workgroup each.
-// With n_splits = 1 the kernel writes the normalised output; otherwise it writes, per row and
-// split, (m, l, unnormalised acc[D]) and attention_combine.wgsl merges the splits.
+// With n_splits = 1 the kernel writes the normalised output, each row (b, h, i) at
+// b * os.x + h * os.y + i * os.z (attention.rs stores it in [B, Tq, Hq, D] order); otherwise it
+// writes, per row (in [B, Hq, Tq] order) and split, (m, l, unnormalised acc[D]) and
+// attention_combine.wgsl merges the splits.
 //
 // Threads: NT = TR * CT. Thread (tr, tc) owns rows tr + TR * i (i < SR = BQ / TR), and
 //   - for the scores, keys tc + CT * j (j < SC = BK / CT) of the tile;
@@ -58,6 +60,7 @@ struct Params {
     qs: vec4<u32>,
     ks: vec4<u32>,
     vs: vec4<u32>,
+    os: vec4<u32>, // the output's (n_splits = 1); its d stride is 1
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -302,11 +305,14 @@ fn attention(
 // One output row: normalised, or (n_splits > 1) this split's m, l and unnormalised acc.
 // Returns the row's element base and the factor to apply to its accumulators.
 fn out_row(vr: u32, bh: u32, split: u32, m: f32, total: f32, first: bool) -> vec2<u32> {
-    // (b * Hkv + hk) * G * Tq + vr == (b * Hq + h) * Tq + i: the output row.
-    let orow = bh * p.rows + vr;
     if (p.n_splits == 1u) {
-        return vec2<u32>(orow * D, bitcast<u32>(select(0.0, 1.0 / total, total > 0.0)));
+        // Row vr of KV head hk's group is query head hk * G + vr / Tq, query vr % Tq.
+        let h = (bh % p.hkv) * p.g + vr / p.tq;
+        let base = (bh / p.hkv) * p.os.x + h * p.os.y + (vr % p.tq) * p.os.z;
+        return vec2<u32>(base, bitcast<u32>(select(0.0, 1.0 / total, total > 0.0)));
     }
+    // (b * Hkv + hk) * G * Tq + vr == (b * Hq + h) * Tq + i: the partials row.
+    let orow = bh * p.rows + vr;
     let base = (orow * p.n_splits + split) * (D + 2u);
     if (first) {
         ob[base] = m;

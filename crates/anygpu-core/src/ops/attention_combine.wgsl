@@ -2,15 +2,21 @@
 // per output row, (m, l, acc[D]) with m its row max in the log2 domain, l its sum of
 // exp2(s - m) and acc the unnormalised weighted sum of V. Rescaled to the common max M:
 //   out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
-// One thread per output element; the few (m, l) reads it repeats hit the cache. (The decode
-// step's output projection can do this merge itself: the combine prologue of
-// quant/matvec.wgsl, see x_side in quant/gpu.rs.)
+// One thread per output element, in [B, Hq, Tq, D] order (the partials'); output row (b, h, i)
+// is written at its strides (attention.rs stores it in [B, Tq, Hq, D] order). The few (m, l)
+// reads a thread repeats hit the cache. (The decode step's output projection can do this
+// merge itself: the combine prologue of quant/matvec.wgsl, see x_side in quant/gpu.rs.)
 
 struct Params {
     n: u32,
     d: u32,
     n_splits: u32,
     off: u32, // the partials' first element
+    tq: u32,
+    hq: u32,
+    _p0: u32,
+    _p1: u32,
+    os: vec4<u32>, // the output's strides (b, h, t, d); d is 1
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -42,5 +48,8 @@ fn attention_combine(
         total += w * part[b + 1u];
         o += w * part[b + 2u + col];
     }
-    out[idx] = select(0.0, o / total, total > 0.0);
+    let i = row % p.tq;
+    let bh = row / p.tq;
+    let at = (bh / p.hq) * p.os.x + (bh % p.hq) * p.os.y + i * p.os.z + col;
+    out[at] = select(0.0, o / total, total > 0.0);
 }

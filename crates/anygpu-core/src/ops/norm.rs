@@ -2,10 +2,12 @@
 //!
 //! - layer_norm: `(x - mean) / sqrt(var + eps) * weight + bias`, var the biased (population)
 //!   variance as in PyTorch's LayerNorm; weight and bias optional.
+//! - add_layer_norm: `layer_norm(x + residual)` in one pass (a post-norm transformer's
+//!   `LN(y + x)`): the sum is rounded to f32 as `add` would, and never written out on its own.
 //! - rms_norm: `x / sqrt(mean(x^2) + eps) * weight`; weight optional.
 //!
-//! weight and bias must be f32 of shape [C]. x may be any view (made contiguous first); the
-//! output is contiguous f32. The GPU kernels run one workgroup per row (see `norm.wgsl`); the
+//! weight and bias must be f32 of shape [C]. x (and the residual) may be any view (made
+//! contiguous first); the output is contiguous f32. The GPU kernels run one workgroup per row (see `norm.wgsl`); the
 //! CPU reference accumulates in f64, two-pass, normalises in f64 and rounds once, running rows
 //! in parallel when the tensor is large.
 
@@ -158,6 +160,39 @@ pub fn cpu_layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f
     Ok(cpu_norm(x, &xs, c, NormSpec { center: true, eps, w: w.as_deref(), b: b.as_deref() }))
 }
 
+/// Checks add_layer_norm's residual against x: same shape, f32, same device.
+fn check_residual(op: &'static str, x: &Tensor, r: &Tensor) -> Result<()> {
+    same_device(op, x, r)?;
+    expect_dtype(op, r, DType::F32)?;
+    if r.dims() != x.dims() {
+        return Err(Error::shape(op, format!("residual shape {} does not match input {}", r.shape(), x.shape())));
+    }
+    Ok(())
+}
+
+/// `layer_norm(x + r)`: the sum rounded to f32 (what `add` gives), then the layer_norm
+/// reference on it.
+pub fn cpu_add_layer_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    const OP: &str = "add_layer_norm";
+    let (_, c) = check(OP, x, &[("weight", w), ("bias", b)])?;
+    check_residual(OP, x, r)?;
+    let (xs, rs) = (cpu_f32(OP, x)?, cpu_f32(OP, r)?);
+    let mut sum = vec![0f32; xs.len()];
+    let add = |(s, (x, r)): (&mut [f32], (&[f32], &[f32]))| {
+        for ((s, &x), &r) in s.iter_mut().zip(x).zip(r) {
+            *s = x + r;
+        }
+    };
+    if xs.len() < PAR_MIN {
+        add((&mut sum, (&xs, &rs)));
+    } else {
+        sum.par_chunks_mut(PAR_MIN / 2).zip(xs.par_chunks(PAR_MIN / 2).zip(rs.par_chunks(PAR_MIN / 2))).for_each(add);
+    }
+    let w = w.map(|t| cpu_f32(OP, t)).transpose()?;
+    let b = b.map(|t| cpu_f32(OP, t)).transpose()?;
+    Ok(cpu_norm(x, &sum, c, NormSpec { center: true, eps, w: w.as_deref(), b: b.as_deref() }))
+}
+
 pub fn cpu_rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
     const OP: &str = "rms_norm";
     let (_, c) = check(OP, x, &[("weight", w)])?;
@@ -177,12 +212,28 @@ struct Params {
     has_w: u32,
     has_b: u32,
     eps: f32,
+    /// add_layer_norm: the residual's offset.
+    r_off: u32,
+    _pad: [u32; 3],
 }
 
-fn gpu_norm(op: &'static str, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+/// The norm kernels of norm.wgsl: `op` is the entry point (layer_norm, rms_norm,
+/// add_layer_norm); `r` the residual of add_layer_norm.
+fn gpu_norm(
+    op: &'static str,
+    x: &Tensor,
+    r: Option<&Tensor>,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    eps: f32,
+) -> Result<Tensor> {
     let (rows, c) = check(op, x, &[("weight", w), ("bias", b)])?;
+    if let Some(r) = r {
+        check_residual(op, x, r)?;
+    }
     let ctx = gpu_of(op, x)?;
     let x = x.contiguous()?;
+    let r = r.map(|t| t.contiguous()).transpose()?;
     let w = w.map(|t| t.contiguous()).transpose()?;
     let b = b.map(|t| t.contiguous()).transpose()?;
     let out = Tensor::gpu_empty(x.shape().clone(), DType::F32, x.device())?;
@@ -199,6 +250,8 @@ fn gpu_norm(op: &'static str, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>
         has_w: w.is_some() as u32,
         has_b: b.is_some() as u32,
         eps,
+        r_off: off(&r)?,
+        _pad: [0; 3],
     };
     let wg = row_workgroup(c);
     let spec = KernelSpec::new(format!("{op}_wg{wg}"), include_str!("norm.wgsl"), op).constant_u32("WG", wg);
@@ -206,28 +259,44 @@ fn gpu_norm(op: &'static str, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>
     let bx = buf(&x)?;
     let bw = w.as_ref().map_or(Ok(bx), buf)?;
     let bb = b.as_ref().map_or(Ok(bx), buf)?;
-    ctx.dispatch(
-        &pipeline,
-        op,
-        bytemuck::bytes_of(&params),
-        &[Bind::Whole(bx), Bind::Whole(bw), Bind::Whole(bb), Bind::Whole(buf(&out)?)],
-        ctx.grid_1d(params.rows),
-    )?;
+    let bo = buf(&out)?;
+    // The residual is binding 5, after the output: the other entry points keep bindings 1-4.
+    let mut binds = vec![Bind::Whole(bx), Bind::Whole(bw), Bind::Whole(bb), Bind::Whole(bo)];
+    if let Some(r) = &r {
+        binds.push(Bind::Whole(buf(r)?));
+    }
+    ctx.dispatch(&pipeline, op, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(params.rows))?;
     Ok(out)
 }
 
 pub fn gpu_layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
-    gpu_norm("layer_norm", x, w, b, eps)
+    gpu_norm("layer_norm", x, None, w, b, eps)
+}
+
+pub fn gpu_add_layer_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    gpu_norm("add_layer_norm", x, Some(r), w, b, eps)
 }
 
 pub fn gpu_rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
-    gpu_norm("rms_norm", x, w, None, eps)
+    gpu_norm("rms_norm", x, None, w, None, eps)
 }
 
 impl Tensor {
     /// Layer norm over the last axis (weight and bias [C], optional).
     pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f32) -> Result<Tensor> {
         self.device().backend().layer_norm(self, weight, bias, eps)
+    }
+    /// `layer_norm(self + residual)` in one op (a post-norm block's `LN(y + x)`): residual of
+    /// the same shape, the norm over the last axis, weight and bias [C] optional.
+    pub fn add_layer_norm(
+        &self,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<Tensor> {
+        same_device("add_layer_norm", self, residual)?;
+        self.device().backend().add_layer_norm(self, residual, weight, bias, eps)
     }
     /// RMS norm over the last axis (weight [C], optional).
     pub fn rms_norm(&self, weight: Option<&Tensor>, eps: f32) -> Result<Tensor> {

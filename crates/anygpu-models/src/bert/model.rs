@@ -16,13 +16,18 @@
 //! 1/sqrt(D) (no scaling pass over the scores).
 //!
 //! Attention: on a GPU, when every sentence of the batch has the same length (no padding),
-//! the fused attention op reads Q, K and V in place from the QKV product. Otherwise scores
-//! are a batched product [B·H, T, D] x [B·H, D, T], plus an additive mask [B, 1, 1, T] (0, or
-//! -1e9 on padded keys) broadcast over heads and queries, softmax, and a product with V.
+//! the fused attention op reads Q, K and V in place from the QKV product and stores its output
+//! in [B, T, H, D] order, so the output projection reads it as [B·T, C] without a copy.
+//! Otherwise scores are a batched product [B·H, T, D] x [B·H, D, T], plus an additive mask
+//! [B, 1, 1, T] (0, or -1e9 on padded keys) broadcast over heads and queries, softmax, and a
+//! product with V.
 //! The CPU always takes the explicit path (its fused attention op is a per-row reference
 //! loop, 3x slower), one sentence at a time: per sentence Q, K and V are [H, T, D] views of
 //! the QKV product with a single batch stride, which the CPU matmul reads in place, so the
 //! [B, H, T, D] copy of Q, K and V that a whole-batch product needs is never made.
+//!
+//! Each residual and the layer norm after it are one op (`add_layer_norm`: one pass over both
+//! inputs, no [B·T, C] sum in memory).
 
 use std::path::Path;
 
@@ -317,7 +322,7 @@ impl BertModel {
                 // Q, K, V read in place: [B, 3H, T, D] views of the product.
                 let qkv = qkv.reshape([b, t, 3 * h, d])?.permute(&[0, 2, 1, 3])?;
                 let (q, k, v) = (qkv.narrow(1, 0, h)?, qkv.narrow(1, h, h)?, qkv.narrow(1, 2 * h, h)?);
-                q.attention(&k, &v, &opts)? // [B, H, T, D]
+                q.attention(&k, &v, &opts)? // [B, H, T, D], stored [B, T, H, D]
             } else if on_cpu {
                 self.attention_per_sentence(&qkv, mask.as_ref(), b, t)?
             } else {
@@ -332,12 +337,14 @@ impl BertModel {
                 let probs = scores.softmax(Default::default())?;
                 probs.matmul(&v)?.reshape([b, h, t, d])?
             };
+            // A view for the fused op's output; a copy on the other paths.
             let ctx = ctx.permute(&[0, 2, 1, 3])?.reshape([b * t, c])?;
             let attn = ctx.matmul_bias(&l.w_o, &l.b_o)?;
-            x = attn.add(&x)?.layer_norm(Some(&l.ln1_w), Some(&l.ln1_b), self.eps)?;
-            let inner = x.matmul_bias(&l.w_in, &l.b_in)?.unary(self.act)?;
+            x = attn.add_layer_norm(&x, Some(&l.ln1_w), Some(&l.ln1_b), self.eps)?;
+            // The activation in the product's epilogue where the GPU path allows (one pass less).
+            let inner = x.matmul_bias_act(&l.w_in, &l.b_in, self.act)?;
             let out = inner.matmul_bias(&l.w_out, &l.b_out)?;
-            x = out.add(&x)?.layer_norm(Some(&l.ln2_w), Some(&l.ln2_b), self.eps)?;
+            x = out.add_layer_norm(&x, Some(&l.ln2_w), Some(&l.ln2_b), self.eps)?;
         }
         x.reshape([b, t, c])
     }

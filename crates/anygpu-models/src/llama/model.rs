@@ -390,8 +390,9 @@ impl Llama {
             x = match partials {
                 Some(p) => b.wo.qmatmul_add_combined(&p, &x)?,
                 None => {
-                    let a = q.attention(&keys, &values, &attn)?; // [1, H, T, D]
-                    let a = a.reshape([h, t, d])?.permute(&[1, 0, 2])?.reshape([t, h * d])?;
+                    // [1, H, T, D], stored [1, T, H, D]: the permute and reshape are views.
+                    let a = q.attention(&keys, &values, &attn)?;
+                    let a = a.permute(&[0, 2, 1, 3])?.reshape([t, h * d])?;
                     b.wo.qmatmul_add(&a, &x)?
                 }
             };

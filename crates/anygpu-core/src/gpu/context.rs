@@ -11,9 +11,13 @@ use super::replay::{Recorded, Recording};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
 use crate::error::{Error, Result};
 
-/// Dispatches recorded before the encoder is submitted on its own, to bound memory held by
-/// recorded-but-unsubmitted work.
-const MAX_PENDING_DISPATCHES: usize = 1024;
+/// Dispatches recorded before the encoder is submitted on its own. Besides bounding the memory
+/// held by recorded-but-unsubmitted work, this lets the GPU start on a long graph while the
+/// host encodes the rest: a MiniLM forward pass (~70 dispatches, ~1 ms of host encoding) in
+/// one submit left the GPU idle for that millisecond; submitted every 32 it overlaps (H100:
+/// 8,190 -> 8,970 sentences/s in one run; 16 and 64 did no better). Replayed recordings (LLM
+/// decode) are unaffected.
+const MAX_PENDING_DISPATCHES: usize = 32;
 
 pub struct GpuContext {
     pub device: wgpu::Device,

@@ -23,7 +23,7 @@ pub struct BufferPool {
     held_bytes: Mutex<u64>,
 }
 
-/// Free buffers kept beyond this are destroyed instead of pooled.
+/// Free buffers kept beyond this are dropped instead of pooled.
 const MAX_POOLED_BYTES: u64 = 2 << 30;
 
 impl BufferPool {
@@ -42,7 +42,9 @@ impl BufferPool {
             return;
         };
         if *held + class > MAX_POOLED_BYTES {
-            buffer.destroy();
+            // Dropped, not destroyed: encoded work not yet submitted may still bind it (a
+            // destroyed buffer would fail that submit); wgpu frees it once nothing uses it.
+            drop(buffer);
             return;
         }
         *held += class;

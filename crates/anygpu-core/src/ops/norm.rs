@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-use super::elementwise::{buf, multiversion, PAR_MIN};
+use super::elementwise::{buf, cpu_binary, multiversion, BinaryOp, PAR_MIN};
 use super::softmax::row_workgroup;
 use super::{expect_dtype, gpu_of, same_device, to_u32};
 use crate::error::{Error, Result};
@@ -170,27 +170,13 @@ fn check_residual(op: &'static str, x: &Tensor, r: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// `layer_norm(x + r)`: the sum rounded to f32 (what `add` gives), then the layer_norm
-/// reference on it.
+/// `layer_norm(x + r)`: the composition of the CPU `add` (the sum rounded to f32) and the
+/// layer_norm reference.
 pub fn cpu_add_layer_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
     const OP: &str = "add_layer_norm";
-    let (_, c) = check(OP, x, &[("weight", w), ("bias", b)])?;
+    check(OP, x, &[("weight", w), ("bias", b)])?;
     check_residual(OP, x, r)?;
-    let (xs, rs) = (cpu_f32(OP, x)?, cpu_f32(OP, r)?);
-    let mut sum = vec![0f32; xs.len()];
-    let add = |(s, (x, r)): (&mut [f32], (&[f32], &[f32]))| {
-        for ((s, &x), &r) in s.iter_mut().zip(x).zip(r) {
-            *s = x + r;
-        }
-    };
-    if xs.len() < PAR_MIN {
-        add((&mut sum, (&xs, &rs)));
-    } else {
-        sum.par_chunks_mut(PAR_MIN / 2).zip(xs.par_chunks(PAR_MIN / 2).zip(rs.par_chunks(PAR_MIN / 2))).for_each(add);
-    }
-    let w = w.map(|t| cpu_f32(OP, t)).transpose()?;
-    let b = b.map(|t| cpu_f32(OP, t)).transpose()?;
-    Ok(cpu_norm(x, &sum, c, NormSpec { center: true, eps, w: w.as_deref(), b: b.as_deref() }))
+    cpu_layer_norm(&cpu_binary(BinaryOp::Add, x, r)?, w, b, eps)
 }
 
 pub fn cpu_rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {

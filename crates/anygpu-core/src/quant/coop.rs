@@ -25,7 +25,7 @@
 //!
 //! # Speed (H100, n = 512; `coop_prefill_speed`, BENCHMARKS.md)
 //!
-//! 46-102 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (F16 weights fastest:
+//! 60-102 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (F16 weights fastest:
 //! their runs are raw words, converted after the products; quantized runs are decoded after
 //! them), 6-28 on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the
 //! tiled f32 kernel. At n = 512 a 4096-row matrix gives only 128 workgroups, about one per SM,

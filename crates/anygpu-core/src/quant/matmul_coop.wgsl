@@ -206,15 +206,14 @@ fn matmul(
     let x_ok1 = XV == 4u && xr1 < p.n;
     let xi0 = p.x_off + xr0 * p.cols + xc;
     let xi1 = p.x_off + xr1 * p.cols + xc;
-    let xs0 = (tid / 4u) * SK4 + (tid % 4u) * 2u;
-    let xs1 = xs0 + 64u * SK4;
+    // Both tiles are [row][SK]: run v of either sits at the same slot.
+    let s0 = (tid / 4u) * SK4 + (tid % 4u) * 2u;
+    let s1 = s0 + 64u * SK4;
     let wr = w0 + tid / 4u;
     let w_ok0 = wr < p.rows;
     let w_ok1 = wr + 64u < p.rows;
     let rb0 = p.w_off + wr * p.row_bytes;
     let rb1 = rb0 + 64u * p.row_bytes;
-    let ws0 = xs0;
-    let ws1 = ws0 + 64u * SK4;
 
     let ntiles = (p.cols + BK - 1u) / BK;
     var nx0 = run_len(x_ok0, xc);
@@ -222,15 +221,16 @@ fn matmul(
     var nw0 = run_len(w_ok0, xc);
     var nw1 = run_len(w_ok1, xc);
     var rx0 = ld_x(xi0, nx0);
-    var rx1 = ld_x(xi1, nx1);
+    var rx1 = rx0;
+    if (XV == 4u) {
+        rx1 = ld_x(xi1, nx1);
+        st_x(s1, rx1, nx1);
+    }
     var rw0 = ld_w(rb0, xc, nw0);
     var rw1 = ld_w(rb1, xc, nw1);
-    st_x(xs0, rx0, nx0);
-    if (XV == 4u) {
-        st_x(xs1, rx1, nx1);
-    }
-    st_w(ws0, rw0, nw0);
-    st_w(ws1, rw1, nw1);
+    st_x(s0, rx0, nx0);
+    st_w(s0, rw0, nw0);
+    st_w(s1, rw1, nw1);
     workgroupBarrier();
     for (var t = 0u; t < ntiles; t++) {
         let cur = t % 2u;
@@ -290,35 +290,35 @@ fn matmul(
                 rw1 = ld_w(rb1, c1, nw1);
             }
             let nxt = 1u - cur;
-            st_x(nxt * SX4 + xs0, rx0, nx0);
+            st_x(nxt * SX4 + s0, rx0, nx0);
             if (XV == 4u) {
-                st_x(nxt * SX4 + xs1, rx1, nx1);
+                st_x(nxt * SX4 + s1, rx1, nx1);
             }
-            st_w(nxt * SW4 + ws0, rw0, nw0);
-            st_w(nxt * SW4 + ws1, rw1, nw1);
+            st_w(nxt * SW4 + s0, rw0, nw0);
+            st_w(nxt * SW4 + s1, rw1, nw1);
         }
         workgroupBarrier();
     }
 
-    let xr = x0 + wx;
-    let wr2 = w0 + ww;
+    let xo = x0 + wx;
+    let wo = w0 + ww;
     coopStoreT(c00, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr, wr2);
+    drain(sg, lane, xo, wo);
     coopStoreT(c01, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr, wr2 + 16u);
+    drain(sg, lane, xo, wo + 16u);
     coopStoreT(c10, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr + 16u, wr2);
+    drain(sg, lane, xo + 16u, wo);
     coopStoreT(c11, &scratch[sg * 256u], 16u);
-    drain(sg, lane, xr + 16u, wr2 + 16u);
+    drain(sg, lane, xo + 16u, wo + 16u);
     if (XV == 4u) {
         coopStoreT(c20, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 32u, wr2);
+        drain(sg, lane, xo + 32u, wo);
         coopStoreT(c21, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 32u, wr2 + 16u);
+        drain(sg, lane, xo + 32u, wo + 16u);
         coopStoreT(c30, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 48u, wr2);
+        drain(sg, lane, xo + 48u, wo);
         coopStoreT(c31, &scratch[sg * 256u], 16u);
-        drain(sg, lane, xr + 48u, wr2 + 16u);
+        drain(sg, lane, xo + 48u, wo + 16u);
     }
 }
 

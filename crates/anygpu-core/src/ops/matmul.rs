@@ -9,7 +9,10 @@
 //! GPU paths ([`MatmulPath`]), picked from the dtypes, the shapes and the capability profile,
 //! or forced with `ANYGPU_MATMUL=simple|tiled|f16|coop` (read once; a forced path the call
 //! cannot take is ignored) — [`gpu_matmul_path`] says which one a call takes:
-//! - `simple` (matmul.wgsl): 64x64 tile, 4x4 outputs per thread, f32 only. Small products.
+//! - `simple` (matmul.wgsl): 64x64 tile, 4x4 outputs per thread, f32 only. Only when forced:
+//!   `tiled` was faster at every shape measured, small and M = 1 ones included (H100: 6-15x,
+//!   e.g. MiniLM's mean pooling [64, 1, 128] x [64, 128, 384] 1.2 ms -> 93 us; lavapipe:
+//!   2.7-5.5x), where this kernel was once picked for products under 128 rows or columns.
 //! - `tiled` (matmul_tiled.wgsl): 128x128 tile, 8x8 outputs per thread in registers, vec4
 //!   global loads along whichever dim is contiguous, K double-buffered through workgroup
 //!   memory (16 KiB with BK = 8, so it runs under WebGPU's default limits; BK = 16 where 32 KiB
@@ -349,9 +352,6 @@ fn choose(ctx: &GpuContext, da: DType, db: DType, p: &Plan, want: Option<MatmulP
         MatmulPath::Coop
     } else if usable(MatmulPath::TiledF16) {
         MatmulPath::TiledF16
-    } else if da == DType::F32 && db == DType::F32 && (p.m < 128 || p.n < 128) && usable(MatmulPath::Simple) {
-        // A 128x128 tile would be mostly empty; the 64x64 kernel wastes less.
-        MatmulPath::Simple
     } else {
         MatmulPath::Tiled
     }

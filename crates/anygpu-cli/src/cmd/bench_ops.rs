@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anygpu_core::bench::{run_ops, BenchResult};
 
 use super::llm::describe;
-use super::{discover, CliResult};
+use super::{open_device, CliResult};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +26,7 @@ fn pct(f: Option<f64>) -> String {
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
-    let dev = discover(device)?.open_selected()?;
+    let dev = open_device(device)?;
     if !args.json {
         eprintln!("anygpu bench ops on {}", describe(&dev));
         println!("{:<10} {:<28} {:<5} {:>10} {:>10} {:>9}", "op", "shape", "dtype", "ms", "GFLOP/s", "GB/s");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anygpu_models::bert::{SentenceEmbedder, WeightDType};
 
 use super::llm::describe;
-use super::{discover, CliError, CliResult};
+use super::{open_device, CliError, CliResult};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -66,7 +66,7 @@ pub fn load_embedder(
         )));
     }
     let t0 = Instant::now();
-    let dev = discover(device)?.open_selected()?;
+    let dev = open_device(device)?;
     let m = SentenceEmbedder::load_with(dir, &dev, weights.choice())?;
     if !quiet {
         let c = &m.model.config;

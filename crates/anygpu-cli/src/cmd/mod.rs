@@ -59,6 +59,13 @@ impl From<serde_json::Error> for CliError {
 
 pub type CliResult<T = std::process::ExitCode> = Result<T, CliError>;
 
+/// Opens the device the global `--device` flag and the ANYGPU_* environment select (GL is
+/// started only when needed: see `Discovery::run_to_open`).
+pub fn open_device(device: Option<&str>) -> CliResult<anygpu_core::Device> {
+    let opts = anygpu_core::device::SelectOptions::from_env(device);
+    Ok(anygpu_core::device::Discovery::run_to_open(opts)?.open_selected()?)
+}
+
 /// Discovers devices with the global `--device` flag and the ANYGPU_* environment applied.
 pub fn discover(device: Option<&str>) -> CliResult<anygpu_core::device::Discovery> {
     Ok(anygpu_core::device::Discovery::run(anygpu_core::device::SelectOptions::from_env(device))?)

@@ -50,19 +50,31 @@ pub struct AdapterEntry {
     pub caps: Capabilities,
 }
 
-/// The instance every anygpu device comes from. Non-compliant adapters are allowed on purpose:
-/// Mesa Dozen (Vulkan on D3D12 under WSL2) is exactly such an adapter and often the only GPU a
-/// WSL2 user has.
-pub fn instance() -> wgpu::Instance {
+/// Sets what the drivers read from the environment. Call it before starting threads that may
+/// read the environment while devices are discovered (`instance` calls it too; it is cheap to
+/// repeat).
+pub fn prepare_environment() {
     // We never present to a window: EGL's surfaceless platform avoids Mesa probing Wayland/X11
     // (and printing errors about XDG_RUNTIME_DIR) on headless machines.
     #[cfg(target_os = "linux")]
     if std::env::var_os("EGL_PLATFORM").is_none() {
-        // SAFETY: called before any thread of ours reads the environment concurrently.
+        // SAFETY: the first call comes before any thread of ours reads the environment.
         unsafe { std::env::set_var("EGL_PLATFORM", "surfaceless") };
     }
+}
+
+/// The instance every anygpu device comes from. Non-compliant adapters are allowed on purpose:
+/// Mesa Dozen (Vulkan on D3D12 under WSL2) is exactly such an adapter and often the only GPU a
+/// WSL2 user has.
+pub fn instance() -> wgpu::Instance {
+    instance_with(wgpu::Backends::all() - wgpu::Backends::BROWSER_WEBGPU)
+}
+
+/// An instance of only `backends` (`WGPU_BACKEND` still narrows them).
+pub fn instance_with(backends: wgpu::Backends) -> wgpu::Instance {
+    prepare_environment();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = (wgpu::Backends::all() - wgpu::Backends::BROWSER_WEBGPU).with_env();
+    desc.backends = backends.with_env();
     desc.flags =
         (wgpu::InstanceFlags::default() | wgpu::InstanceFlags::ALLOW_UNDERLYING_NONCOMPLIANT_ADAPTER).with_env();
     wgpu::Instance::new(desc)

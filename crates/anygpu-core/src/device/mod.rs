@@ -25,7 +25,7 @@ pub enum Device {
 impl Device {
     /// Selects a device by the rules in the README (override, best hardware GPU, CPU).
     pub fn select(opts: SelectOptions) -> Result<Device> {
-        Discovery::run(opts)?.open_selected()
+        Discovery::run_to_open(opts)?.open_selected()
     }
 
     /// Opens a GPU device on a discovered adapter.

@@ -194,6 +194,27 @@ impl Discovery {
     pub fn run(opts: SelectOptions) -> Result<Discovery> {
         let instance = discovery::instance();
         let entries = discovery::enumerate(&instance);
+        Self::select_from(instance, entries, opts)
+    }
+
+    /// Discovery for opening a device rather than listing them: with no device or backend
+    /// asked for, the primary backends (Vulkan, Metal, DX12) are looked at first, and GL only
+    /// when they have no hardware adapter (GL is the automatic choice's last resort anyway).
+    /// Starting GL (EGL and its driver libraries) cost 0.2-0.4 s of a cold start on the NVIDIA
+    /// machine, on the way to an LLM's first token. The rows then list the primary adapters
+    /// only; `anygpu devices` uses [`Discovery::run`].
+    pub fn run_to_open(opts: SelectOptions) -> Result<Discovery> {
+        if opts.device == DeviceRequest::Auto && opts.backend.is_none() {
+            let instance = discovery::instance_with(wgpu::Backends::PRIMARY);
+            let entries = discovery::enumerate(&instance);
+            if entries.iter().any(|e| auto_score(e).is_some()) {
+                return Self::select_from(instance, entries, opts);
+            }
+        }
+        Self::run(opts)
+    }
+
+    fn select_from(instance: wgpu::Instance, entries: Vec<AdapterEntry>, opts: SelectOptions) -> Result<Discovery> {
         let mut rows: Vec<DeviceInfo> = entries.iter().map(|e| e.info.clone()).collect();
         rows.push(discovery::cpu_row(entries.len()));
         let selected = select(&entries, &mut rows, &opts)?;

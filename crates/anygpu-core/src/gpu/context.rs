@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
-use super::kernel::{KernelSpec, PipelineCache, PipelineKey};
+use super::kernel::{KernelSpec, Pipeline, PipelineCache, PipelineKey};
 use super::pool::{size_class, BufferPool, STORAGE_USAGE};
 use super::replay::{Recorded, Recording};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
@@ -25,6 +25,33 @@ const MAX_PENDING_DISPATCHES: usize = 32;
 /// pass: H100, 64 x 128 tokens, 10,050-10,200 -> 10,500-10,600 sentences/s; first batches of
 /// 1, 2 and 8 did no better than 4).
 const FIRST_SUBMIT_AFTER: usize = 4;
+
+/// Compiles one WGSL kernel inside an error scope (scopes are per thread): the driver's or
+/// wgpu's rejection comes back as the error text.
+fn compile_pipeline(
+    device: &wgpu::Device,
+    name: &str,
+    entry: &'static str,
+    source: String,
+) -> std::result::Result<wgpu::ComputePipeline, String> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(name),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(name),
+        layout: None,
+        module: &module,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    match pollster::block_on(scope.pop()) {
+        Some(e) => Err(error_text(&e)),
+        None => Ok(pipeline),
+    }
+}
 
 /// `ANYGPU_TRACE_PIPELINES=1`: each kernel's compile time on stderr (a slow first run is
 /// mostly the driver compiling kernels; its shader cache makes later runs faster).
@@ -77,6 +104,38 @@ pub(super) struct Pending {
     pass: Option<wgpu::ComputePass<'static>>,
     /// Set while a thread records (see [`GpuContext::record`]).
     recording: Option<Recording>,
+    /// Commands waiting, in order, for a kernel still compiling (see [`GpuContext::pipeline`]);
+    /// counted in `commands`. Every later command joins the queue until it drains.
+    deferred: std::collections::VecDeque<Deferred>,
+}
+
+/// A command issued while an earlier kernel was still compiling, with what it binds owned.
+enum Deferred {
+    Dispatch {
+        pipeline: Pipeline,
+        op: String,
+        /// (offset, size) of its params in the batch's uniform buffer.
+        params: Option<(u64, u64)>,
+        binds: Vec<(wgpu::Buffer, u64, u64)>,
+        workgroups: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        dst: wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// (buffer, offset, bound size) of each binding, the size rounded up to whole words.
+pub(super) fn owned_binds(binds: &[Bind<'_>]) -> Vec<(wgpu::Buffer, u64, u64)> {
+    binds
+        .iter()
+        .map(|b| match b {
+            Bind::Whole(g) => (g.buffer().clone(), 0, g.len.max(4).next_multiple_of(4)),
+            Bind::Slice(buf, off, size) => ((*buf).clone(), *off, (*size).max(4).next_multiple_of(4)),
+        })
+        .collect()
 }
 
 thread_local! {
@@ -252,37 +311,43 @@ impl GpuContext {
     }
 
     /// The compute pipeline for a kernel, compiled on first use inside an error scope so a
-    /// shader the driver rejects becomes an error naming the kernel.
-    pub fn pipeline(&self, spec: &KernelSpec, replacements: &[(&str, &str)]) -> Result<Arc<wgpu::ComputePipeline>> {
+    /// shader the driver rejects becomes an error naming the kernel. The compile runs on a
+    /// worker thread (not on GL, whose context is one per process): this returns at once and
+    /// [`GpuContext::dispatch`] encodes the kernel's dispatches when it is ready, so the
+    /// kernels of a graph compile side by side.
+    pub fn pipeline(&self, spec: &KernelSpec, replacements: &[(&str, &str)]) -> Result<Pipeline> {
         let key = PipelineKey::new(spec, replacements);
-        if let Some(p) = self.pipelines.get(&key) {
-            return Ok(p);
+        let (pipeline, created) = self.pipelines.get_or_create(&key, &spec.name);
+        if !created {
+            return Ok(pipeline);
         }
         let source = spec.source_text(replacements);
-        let _serial = self.lock("pipeline")?;
-        let t0 = std::time::Instant::now();
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&spec.name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&spec.name),
-            layout: None,
-            module: &module,
-            entry_point: Some(spec.entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::gpu(format!("compiling kernel {}", spec.name), error_text(&e)));
+        let (device, name, entry) = (self.device.clone(), spec.name.clone(), spec.entry);
+        let compile = move || {
+            let t0 = std::time::Instant::now();
+            // A panic in the driver or in wgpu must not leave waiters blocked forever.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                compile_pipeline(&device, &name, entry, source)
+            }))
+            .unwrap_or_else(|_| Err("the compiler panicked".to_string()));
+            if trace_pipelines() {
+                eprintln!("anygpu: compiled kernel {name} in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+            }
+            r
+        };
+        if self.info.backend == "gl" {
+            let _serial = self.lock("pipeline")?;
+            pipeline.finish(compile());
+        } else {
+            let worker = pipeline.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("anygpu-compile-{}", spec.name))
+                .spawn(move || worker.finish(compile()));
+            if let Err(e) = spawned {
+                pipeline.finish(Err(format!("could not start a compiler thread: {e}")));
+            }
         }
-        if trace_pipelines() {
-            eprintln!("anygpu: compiled kernel {} in {:.1} ms", spec.name, t0.elapsed().as_secs_f64() * 1e3);
-        }
-        let p = Arc::new(pipeline);
-        self.pipelines.insert(key, p.clone());
-        Ok(p)
+        Ok(pipeline)
     }
 
     /// Device memory of this device's live allocations (every buffer, pooled ones included)
@@ -303,6 +368,12 @@ impl GpuContext {
         self.submit_locked(&mut pending);
         self.pool.clear();
         Ok(())
+    }
+
+    /// Commands encoded later because a kernel before them is still compiling (diagnostics
+    /// and tests).
+    pub fn commands_waiting_for_kernels(&self) -> usize {
+        self.pending.lock().map(|p| p.deferred.len()).unwrap_or(0)
     }
 
     pub fn pipelines_compiled(&self) -> usize {
@@ -389,8 +460,13 @@ impl GpuContext {
             }
         } else {
             let staging = self.filled_buffer("upload staging", wgpu::BufferUsages::COPY_SRC, bytes, 4)?;
-            let enc = self.encoder_for_commands(&mut pending);
-            enc.copy_buffer_to_buffer(&staging, 0, buf.buffer(), offset, padded_len);
+            if pending.deferred.is_empty() {
+                let enc = self.encoder_for_commands(&mut pending);
+                enc.copy_buffer_to_buffer(&staging, 0, buf.buffer(), offset, padded_len);
+            } else {
+                let dst = buf.buffer().clone();
+                pending.deferred.push_back(Deferred::Copy { src: staging, dst, offset, len: padded_len });
+            }
             pending.commands += 1;
         }
         drop(pending);
@@ -423,7 +499,7 @@ impl GpuContext {
     /// uniform at binding 0, then `binds` at 1, 2, ...
     pub fn dispatch(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        pipeline: &Pipeline,
         op: &str,
         params: &[u8],
         binds: &[Bind<'_>],
@@ -459,8 +535,51 @@ impl GpuContext {
             return Ok(());
         }
         let slot = if params.is_empty() { None } else { Some(self.params_slot(&mut pending, params)?) };
+        if pending.deferred.is_empty() && pipeline.is_ready() {
+            let p = pipeline.get()?;
+            let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds
+                .iter()
+                .map(|b| match b {
+                    Bind::Whole(g) => (g.buffer(), 0, g.len.max(4).next_multiple_of(4)),
+                    Bind::Slice(buf, off, size) => (*buf, *off, (*size).max(4).next_multiple_of(4)),
+                })
+                .collect();
+            self.encode_dispatch(&mut pending, &p, op, slot, &binds, workgroups);
+        } else {
+            pending.deferred.push_back(Deferred::Dispatch {
+                pipeline: pipeline.clone(),
+                op: op.to_string(),
+                params: slot,
+                binds: owned_binds(binds),
+                workgroups,
+            });
+            self.encode_deferred(&mut pending, false);
+        }
+        pending.commands += 1;
+        if pending.submit_at == 0 {
+            pending.submit_at = FIRST_SUBMIT_AFTER;
+        }
+        // Not while commands wait for a compiling kernel: submitting would wait for it here.
+        if pending.commands >= pending.submit_at && pending.deferred.is_empty() {
+            pending.submit_at = (pending.submit_at * 2).min(MAX_PENDING_DISPATCHES);
+            self.submit_locked(&mut pending);
+        }
+        drop(pending);
+        self.check(op)
+    }
+
+    /// Encodes one dispatch into the open compute pass.
+    fn encode_dispatch(
+        &self,
+        pending: &mut Pending,
+        pipeline: &wgpu::ComputePipeline,
+        op: &str,
+        params: Option<(u64, u64)>,
+        binds: &[(&wgpu::Buffer, u64, u64)],
+        workgroups: [u32; 3],
+    ) {
         let mut entries = Vec::with_capacity(binds.len() + 1);
-        if let (Some((offset, size)), Some(buf)) = (slot, pending.params.as_ref()) {
+        if let (Some((offset, size)), Some(buf)) = (params, pending.params.as_ref()) {
             entries.push(wgpu::BindGroupEntry {
                 binding: 0,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -470,37 +589,68 @@ impl GpuContext {
                 }),
             });
         }
-        for (i, b) in binds.iter().enumerate() {
-            let resource = match b {
-                Bind::Whole(g) => g.binding(),
-                Bind::Slice(buf, offset, size) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: buf,
-                    offset: *offset,
-                    size: wgpu::BufferSize::new((*size).max(4).next_multiple_of(4)),
+        for (i, &(buffer, offset, size)) in binds.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
                 }),
-            };
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
+            });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(op),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        self.check(op)?;
-        let pass = self.open_pass(&mut pending);
+        if self.has_error() {
+            return; // an invalid bind group would invalidate the whole batch; `check` reports it
+        }
+        let pass = self.open_pass(pending);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        pending.commands += 1;
-        if pending.submit_at == 0 {
-            pending.submit_at = FIRST_SUBMIT_AFTER;
+    }
+
+    /// Encodes the deferred commands in order: all of them, waiting for their kernels
+    /// (`wait`), or those before the first kernel still compiling. A kernel that failed to
+    /// compile drops its dispatch and leaves the error for the next `check`.
+    fn encode_deferred(&self, pending: &mut Pending, wait: bool) {
+        while let Some(front) = pending.deferred.front() {
+            if let Deferred::Dispatch { pipeline, .. } = front {
+                if !wait && !pipeline.is_ready() {
+                    break;
+                }
+            }
+            let Some(d) = pending.deferred.pop_front() else { break };
+            match d {
+                Deferred::Dispatch { pipeline, op, params, binds, workgroups } => match pipeline.get() {
+                    Ok(p) => {
+                        let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds.iter().map(|(b, o, s)| (b, *o, *s)).collect();
+                        self.encode_dispatch(pending, &p, &op, params, &binds, workgroups);
+                    }
+                    Err(e) => self.set_error(format!("{op}: {e}")),
+                },
+                Deferred::Copy { src, dst, offset, len } => {
+                    pending.pass = None;
+                    let enc =
+                        pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+                    enc.copy_buffer_to_buffer(&src, 0, &dst, offset, len);
+                }
+            }
         }
-        if pending.commands >= pending.submit_at {
-            pending.submit_at = (pending.submit_at * 2).min(MAX_PENDING_DISPATCHES);
-            self.submit_locked(&mut pending);
+    }
+
+    fn has_error(&self) -> bool {
+        self.error.lock().map(|e| e.is_some()).unwrap_or(true) || self.lost.lock().map(|l| l.is_some()).unwrap_or(true)
+    }
+
+    /// Keeps the first error for the next `check`.
+    fn set_error(&self, msg: String) {
+        if let Ok(mut e) = self.error.lock() {
+            e.get_or_insert(msg);
         }
-        drop(pending);
-        self.check(op)
     }
 
     /// Workgroup counts for `n` workgroups in a line: split over x and y when `n` exceeds the
@@ -526,6 +676,7 @@ impl GpuContext {
     /// Submits under the state lock: a `queue.write_buffer` from another thread in between
     /// would otherwise land before this encoder's commands.
     pub(super) fn submit_locked(&self, pending: &mut Pending) {
+        self.encode_deferred(pending, true);
         if let Some(buf) = pending.params.take() {
             // Staged by the queue before the command buffer below runs.
             self.queue.write_buffer(&buf, 0, &pending.params_data);
@@ -551,6 +702,7 @@ impl GpuContext {
 
     /// The encoder, for commands other than dispatches: ends the open compute pass first.
     fn encoder_for_commands<'a>(&self, pending: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
+        self.encode_deferred(pending, true);
         pending.pass = None;
         pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()))
     }

@@ -1,9 +1,12 @@
 //! Kernels and the pipeline cache. A kernel is a WGSL source (one file per op family,
 //! embedded with `include_str!`), an entry point, and a specialisation: constants prepended
-//! to the source. Pipelines are built lazily, once per (kernel, specialisation).
+//! to the source. Pipelines are built lazily, once per (kernel, specialisation), each on a
+//! worker thread of its own where the backend allows (see [`Pipeline`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::error::{Error, Result};
 
 /// A kernel to dispatch: which WGSL, which entry point, which specialisation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -68,19 +71,82 @@ impl PipelineKey {
     }
 }
 
+/// A compute pipeline that may still be compiling on a worker thread. A driver takes
+/// 10-150 ms per kernel on a cold start (NVIDIA, SmolLM2's prefill: ten kernels, ~450 ms one
+/// after another); dispatches of a kernel still compiling are encoded once it is ready (see
+/// `GpuContext::dispatch`), so the kernels a graph needs compile side by side while the host
+/// encodes the rest of it.
+#[derive(Clone)]
+pub struct Pipeline(Arc<Slot>);
+
+struct Slot {
+    name: String,
+    state: Mutex<Option<std::result::Result<wgpu::ComputePipeline, String>>>,
+    done: Condvar,
+}
+
+impl Pipeline {
+    /// A pipeline whose compilation has not finished; [`Pipeline::finish`] completes it.
+    pub(crate) fn compiling(name: &str) -> Pipeline {
+        Pipeline(Arc::new(Slot { name: name.to_string(), state: Mutex::new(None), done: Condvar::new() }))
+    }
+
+    /// Sets the compile result (the first one counts) and wakes the waiters.
+    pub(crate) fn finish(&self, r: std::result::Result<wgpu::ComputePipeline, String>) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.is_none() {
+            *st = Some(r);
+        }
+        self.0.done.notify_all();
+    }
+
+    /// Whether compilation has finished (successfully or not): `get` will not block.
+    pub fn is_ready(&self) -> bool {
+        self.0.state.lock().map(|s| s.is_some()).unwrap_or(true)
+    }
+
+    /// The compiled pipeline, waiting for its compilation; a compile error names the kernel.
+    pub fn get(&self) -> Result<wgpu::ComputePipeline> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.is_none() {
+            st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        match st.as_ref() {
+            Some(Ok(p)) => Ok(p.clone()),
+            Some(Err(msg)) => Err(Error::gpu(format!("compiling kernel {}", self.0.name), msg.clone())),
+            None => unreachable!("waited above until set"),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+}
+
+/// Two handles are equal when they are the same cache entry (the same kernel and
+/// specialisation on the same device).
+impl PartialEq for Pipeline {
+    fn eq(&self, other: &Pipeline) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 #[derive(Default)]
 pub struct PipelineCache {
-    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Pipeline>>,
 }
 
 impl PipelineCache {
-    pub fn get(&self, key: &PipelineKey) -> Option<Arc<wgpu::ComputePipeline>> {
-        self.pipelines.lock().ok()?.get(key).cloned()
-    }
-    pub fn insert(&self, key: PipelineKey, p: Arc<wgpu::ComputePipeline>) {
-        if let Ok(mut m) = self.pipelines.lock() {
-            m.insert(key, p);
+    /// The entry for `key`, and whether it was created by this call (the caller then compiles
+    /// it and calls [`Pipeline::finish`]); one lookup, so a kernel is compiled once.
+    pub fn get_or_create(&self, key: &PipelineKey, name: &str) -> (Pipeline, bool) {
+        let mut m = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = m.get(key) {
+            return (p.clone(), false);
         }
+        let p = Pipeline::compiling(name);
+        m.insert(key.clone(), p.clone());
+        (p, true)
     }
     pub fn len(&self) -> usize {
         self.pipelines.lock().map(|m| m.len()).unwrap_or(0)

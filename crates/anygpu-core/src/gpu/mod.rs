@@ -6,5 +6,5 @@ pub mod pool;
 pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};
-pub use kernel::KernelSpec;
+pub use kernel::{KernelSpec, Pipeline};
 pub use replay::{Recording, Replay, ReplayTimes, Ticket};

@@ -14,12 +14,14 @@
 
 use std::sync::Arc;
 
-use super::context::{Bind, GpuBuffer, GpuContext};
+use super::context::{owned_binds, Bind, GpuBuffer, GpuContext};
+use super::kernel::Pipeline;
 use crate::error::{Error, Result};
 
 /// One recorded dispatch: everything needed to issue it again.
 pub(crate) struct Recorded {
-    pipeline: wgpu::ComputePipeline,
+    /// Possibly still compiling: [`Replay::new`] waits for it.
+    pipeline: Pipeline,
     op: String,
     params: Vec<u8>,
     /// (buffer, offset, size) of bindings 1, 2, ...
@@ -29,19 +31,13 @@ pub(crate) struct Recorded {
 
 impl Recorded {
     pub(crate) fn new(
-        pipeline: &wgpu::ComputePipeline,
+        pipeline: &Pipeline,
         op: &str,
         params: &[u8],
         binds: &[Bind<'_>],
         workgroups: [u32; 3],
     ) -> Recorded {
-        let binds = binds
-            .iter()
-            .map(|b| match b {
-                Bind::Whole(g) => (g.buffer().clone(), 0, g.len.max(4).next_multiple_of(4)),
-                Bind::Slice(buf, off, size) => ((*buf).clone(), *off, (*size).max(4).next_multiple_of(4)),
-            })
-            .collect();
+        let binds = owned_binds(binds);
         Recorded { pipeline: pipeline.clone(), op: op.to_string(), params: params.to_vec(), binds, workgroups }
     }
 }
@@ -244,12 +240,13 @@ impl Replay {
                     }),
                 });
             }
+            let pipeline = d.pipeline.get()?;
             let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&d.op),
-                layout: &d.pipeline.get_bind_group_layout(0),
+                layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            steps.push(Step { op: d.op.clone(), pipeline: d.pipeline.clone(), bind_group, workgroups: d.workgroups });
+            steps.push(Step { op: d.op.clone(), pipeline, bind_group, workgroups: d.workgroups });
         }
         ctx.check(OP)?;
         let keep = recs.into_iter().next().map(|(_, r)| r.keep).unwrap_or_default();

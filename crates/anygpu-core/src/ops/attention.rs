@@ -30,7 +30,7 @@ use rayon::prelude::*;
 use super::elementwise::buf;
 use super::{gpu_of, same_device, to_u32};
 use crate::error::{Error, Result};
-use crate::gpu::{Bind, GpuContext, KernelSpec};
+use crate::gpu::{Bind, GpuContext, KernelSpec, Pipeline};
 use crate::tensor::{CpuStorage, DType, Tensor};
 
 const OP: &str = "attention";
@@ -590,13 +590,7 @@ fn kv_loaders(f16: bool, vec: bool) -> (&'static str, &'static str) {
 }
 
 /// The attention kernel specialised for head dim, tiles, K/V dtype and alignment.
-fn attention_pipeline(
-    ctx: &GpuContext,
-    s: &Dims,
-    tiles: AttentionTiles,
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<Arc<wgpu::ComputePipeline>> {
+fn attention_pipeline(ctx: &GpuContext, s: &Dims, tiles: AttentionTiles, k: &Tensor, v: &Tensor) -> Result<Pipeline> {
     let u = |x: usize| to_u32(OP, x);
     let ts = tiles.strides(s.d);
     let kv_f16 = k.dtype() == DType::F16;
@@ -768,7 +762,7 @@ struct Plan {
     ctx: Arc<GpuContext>,
     s: Dims,
     params: Params,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: Pipeline,
     n_wg: u32,
     splits: usize,
 }

@@ -38,7 +38,7 @@ use std::sync::OnceLock;
 use super::gpu::{keep_sections, wgsl_name, QKernel, COMMON_WGSL};
 use super::GgmlType;
 use crate::error::{Error, Result};
-use crate::gpu::{Bind, GpuContext, KernelSpec};
+use crate::gpu::{Bind, GpuContext, KernelSpec, Pipeline};
 use crate::ops::to_u32;
 
 const OP: &str = "qmatmul";
@@ -213,13 +213,7 @@ impl Plan {
 
     /// Records the product of one row slice of W with `d.n` x rows; `binds` are the weight
     /// slice, x and the output, as for the tiled kernel.
-    pub(super) fn dispatch(
-        &self,
-        ctx: &GpuContext,
-        pipeline: &wgpu::ComputePipeline,
-        d: Dims,
-        binds: &[Bind<'_>],
-    ) -> Result<()> {
+    pub(super) fn dispatch(&self, ctx: &GpuContext, pipeline: &Pipeline, d: Dims, binds: &[Bind<'_>]) -> Result<()> {
         let u = |v: usize| to_u32(OP, v);
         let tiles_x = d.n.div_ceil(self.bx as usize);
         let tiles_w = d.rows.div_ceil(BW);

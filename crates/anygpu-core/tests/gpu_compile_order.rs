@@ -1,0 +1,34 @@
+//! Kernels compile on worker threads; commands issued while one compiles wait in a queue and
+//! must still run in issue order, host writes included (`GpuContext::dispatch`, `write`).
+//! A test binary of its own: its first dispatches find an empty pipeline cache.
+use anygpu_core::testing::parity;
+use anygpu_core::{Device, Result, Tensor};
+
+#[test]
+fn commands_behind_a_compiling_kernel_keep_their_order() {
+    let n = 1000;
+    let first: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let second: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
+    let waited = std::sync::Mutex::new(Vec::new());
+    parity("dispatch, write, dispatch behind a compiling kernel", 0.0, 0.0, |d: &Device| -> Result<Vec<f32>> {
+        let x = Tensor::from_slice(&first, [n], d)?;
+        // New kernels: on a backend that compiles on worker threads this dispatch waits.
+        let y = x.affine(2.0, 1.0)?;
+        let z = y.mul(&y)?;
+        if let (Device::Gpu(ctx), Some(buf)) = (d, x.gpu_buffer()) {
+            waited.lock().unwrap().push((d.name(), ctx.commands_waiting_for_kernels()));
+            // Overwrites x: the dispatches above must still read the first values.
+            ctx.write(buf, 0, bytemuck::cast_slice(&second))?;
+        } else {
+            // The CPU reference: the same values the GPU must produce.
+            let x2 = Tensor::from_slice(&second, [n], d)?;
+            let w = x2.add(&z)?;
+            return Ok([y.to_vec_f32()?, w.to_vec_f32()?].concat());
+        }
+        let w = x.add(&z)?;
+        Ok([y.to_vec_f32()?, w.to_vec_f32()?].concat())
+    });
+    for (name, waiting) in waited.into_inner().unwrap() {
+        eprintln!("{name}: {waiting} command(s) waited for a kernel to compile");
+    }
+}

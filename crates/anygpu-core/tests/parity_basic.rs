@@ -4,7 +4,7 @@
 
 use anygpu_core::ops::elementwise::BinaryOp;
 use anygpu_core::testing::{gpu_devices, parity, parity_err, rand_vec, ODD_SIZES};
-use anygpu_core::{Device, Tensor};
+use anygpu_core::{DType, Device, Tensor};
 
 fn t(seed: u64, dims: &[usize], d: &Device) -> Tensor {
     Tensor::from_vec(rand_vec(seed, dims.iter().product()), dims, &Device::Cpu)
@@ -87,6 +87,30 @@ fn reductions_over_each_axis() {
         }
     }
     parity_err("reduce axis out of range", "out of range", |d| t(1, &[3], d).sum(1));
+}
+
+#[test]
+fn argmax_of_long_rows_into_ids() {
+    // The two-pass kernel (rows of 4,096 and more): odd lengths, the winner in the first and
+    // last element, ties (the lower index wins) and -inf rows.
+    for &len in &[4096usize, 5000, 49_153] {
+        let mut v = rand_vec(70 + len as u64, 3 * len);
+        v[len - 1] = 9.0; // row 0: the last element
+        v[len] = 7.0; // row 1: the first element, tied with a later one
+        v[len + len / 2] = 7.0;
+        v[2 * len..].fill(f32::NEG_INFINITY); // row 2: all -inf -> index 0
+        parity(&format!("argmax_into 3 x {len}"), 0.0, 0.0, |d| {
+            let x = Tensor::from_slice(&v, [3, len], d)?;
+            match d {
+                Device::Cpu => x.argmax(1)?.to_vec_f32(),
+                Device::Gpu(_) => {
+                    let ids = Tensor::zeros([4], DType::U32, d)?;
+                    anygpu_core::ops::reduce::gpu_argmax_into(&x, &ids)?;
+                    Ok(ids.to_vec::<u32>()?[..3].iter().map(|&i| i as f32).collect())
+                }
+            }
+        });
+    }
 }
 
 #[test]

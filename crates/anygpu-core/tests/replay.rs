@@ -34,6 +34,24 @@ fn replay_matches_direct_runs_and_refuses_what_it_cannot_replay() -> Result<()> 
                 .unwrap_or_else(|m| panic!("{m}"));
         }
 
+        // Runs chaining several steps (one submit, one pass) return each step's output in
+        // order, two runs in flight, and equal single runs.
+        let buf = out.gpu_buffer().expect("gpu");
+        let first = replay.submit_steps(2, 5, &[], buf, 28)?;
+        let second = replay.submit_steps(7, anygpu_core::gpu::MAX_STEPS_PER_RUN, &[], buf, 28)?;
+        for (ticket, start, steps) in [(first, 2usize, 5usize), (second, 7, anygpu_core::gpu::MAX_STEPS_PER_RUN)] {
+            let bytes = replay.wait(ticket)?;
+            assert_eq!(bytes.len(), 28 * steps);
+            for j in 0..steps {
+                let got: Vec<f32> = bytemuck::cast_slice(&bytes[28 * j..28 * (j + 1)]).to_vec();
+                let want = window(start + j)?.to_vec_f32()?;
+                check_close(&format!("step {j} of a run from {start} on {}", dev.name()), &got, &want, 0.0, 0.0)
+                    .unwrap_or_else(|m| panic!("{m}"));
+            }
+        }
+        assert!(replay.submit_steps(0, 0, &[], buf, 28).is_err(), "a run of no steps");
+        assert!(replay.submit_steps(0, anygpu_core::gpu::MAX_STEPS_PER_RUN + 1, &[], buf, 28).is_err());
+
         // A parameter that is not linear in the position (an f32 scale) is refused.
         let mut recs = Vec::new();
         for p in [1u32, 2, 3] {

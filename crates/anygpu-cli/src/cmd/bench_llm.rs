@@ -93,10 +93,12 @@ fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64
     if let Some(s) = cache.decode_stats().filter(|s| s.steps > 0) {
         let ms = |v: f64| v * 1e3 / s.steps as f64;
         eprintln!(
-            "anygpu: decode step replayed: {} dispatches; per token {:.3} ms in all; from its start, a step was encoded by \
-             {:.3}, submitted by {:.3} and done by {:.3} ms (greedy: it queues behind the step before); GPU pass {:.3} ms",
+            "anygpu: decode step replayed: {} dispatches; per token {:.3} ms in all; from its start, a run (greedy: up to \
+             {} steps) was encoded by {:.3}, submitted by {:.3} and done by {:.3} ms (it queues behind the run before); GPU \
+             pass {:.3} ms per step",
             s.dispatches,
             ms(s.total_s),
+            anygpu_core::gpu::MAX_STEPS_PER_RUN,
             ms(s.encode_s),
             ms(s.submitted_s),
             ms(s.waited_s),

@@ -475,7 +475,7 @@ impl GpuContext {
 
     /// A new buffer holding `bytes`, zero-padded to a multiple of `align`, written through a
     /// mapping at creation (so it is ready before any queued work runs).
-    fn filled_buffer(
+    pub(super) fn filled_buffer(
         &self,
         label: &str,
         usage: wgpu::BufferUsages,

@@ -7,4 +7,4 @@ pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};
 pub use kernel::{KernelSpec, Pipeline};
-pub use replay::{Recording, Replay, ReplayTimes, Ticket};
+pub use replay::{next_run_steps, Recording, Replay, ReplayTimes, Ticket, MAX_STEPS_PER_RUN};

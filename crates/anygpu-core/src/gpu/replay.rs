@@ -77,16 +77,46 @@ struct Patch {
 struct Step {
     op: String,
     pipeline: wgpu::ComputePipeline,
-    bind_group: wgpu::BindGroup,
+    /// One per params region (see `Replay::params`).
+    bind_groups: Vec<wgpu::BindGroup>,
     workgroups: [u32; 3],
+}
+
+/// The steps of the run after one of `steps`, as [`Replay::submit_steps`] prepares it: twice
+/// as many, up to MAX_STEPS_PER_RUN. Callers that chain runs grow them this way, so that the
+/// first one (whose command buffer is encoded while the GPU idles) is short and every later
+/// one finds its command buffer prepared.
+pub fn next_run_steps(steps: usize) -> usize {
+    (2 * steps).clamp(1, MAX_STEPS_PER_RUN)
+}
+
+/// Params regions: one per step of a run, for each of the two runs that may be in flight.
+const REGIONS: usize = 2 * MAX_STEPS_PER_RUN;
+
+/// Where each step's output goes within a run: the copy dispatch after each step (same pass)
+/// and the buffer it fills, for one output buffer and read length.
+struct Results {
+    output: wgpu::Buffer,
+    read_len: u64,
+    pipeline: wgpu::ComputePipeline,
+    /// REGIONS x read_len bytes: region r's copy at r * read_len.
+    buffer: wgpu::Buffer,
+    bind_groups: Vec<wgpu::BindGroup>,
+    workgroups: [u32; 3],
+    _params: wgpu::Buffer,
 }
 
 /// Recorded work, ready to be issued again at any position.
 pub struct Replay {
     ctx: Arc<GpuContext>,
     steps: Vec<Step>,
+    /// REGIONS regions of `params_len` bytes: step j of a run in slot s reads region
+    /// s * MAX_STEPS_PER_RUN + j (bind groups per region), so the steps of a run need no copy
+    /// of their params between them.
     params: wgpu::Buffer,
+    params_len: usize,
     params_data: Vec<u8>,
+    results: Option<Results>,
     patches: Vec<Patch>,
     /// Buffers the steps bind that nothing else owns any more.
     _keep: Vec<wgpu::Buffer>,
@@ -97,17 +127,28 @@ pub struct Replay {
     /// of `staging_size` bytes.
     staging: [Option<wgpu::Buffer>; 2],
     staging_size: u64,
+    /// The patched params of each step of a run, written to its slot's regions.
+    ring_data: Vec<u8>,
     next_slot: usize,
-    /// The next run's command buffer, its read-back slot and the output buffer it reads.
-    prepared: Option<(wgpu::CommandBuffer, usize, wgpu::Buffer)>,
+    /// The next run's command buffer, its slot and its number of steps (for the output of
+    /// `results`).
+    prepared: Option<(wgpu::CommandBuffer, usize, usize)>,
     /// Runs submitted and not yet waited for (at most two).
     in_flight: usize,
 }
+
+/// Steps one run (one submit, one compute pass) may chain ([`Replay::submit_steps`]). Each
+/// submit cost ~68 µs of GPU time beyond its pass on the H100 machine (SmolLM2's decode step:
+/// 1.112 ms per token one step per submit, 1.044 with four passes per submit); chained steps
+/// share it. SmolLM2 tg128, same binary: 897 tok/s with runs of one step, 918 up to 4, 921
+/// up to 8.
+pub const MAX_STEPS_PER_RUN: usize = 8;
 
 /// A submitted run ([`Replay::submit`]), to be passed to [`Replay::wait`].
 #[must_use = "a submitted run must be waited for"]
 pub struct Ticket {
     slot: usize,
+    steps: usize,
     index: wgpu::SubmissionIndex,
     read_len: u64,
     ts_at: u64,
@@ -121,13 +162,15 @@ pub struct Ticket {
 pub struct ReplayTimes {
     /// Host time until the command buffer was ready (encoded now, or prepared by the last run).
     pub encode_s: f64,
-    /// GPU time of the replayed pass (None without timestamp queries).
+    /// GPU time of the run's pass, all its steps (None without timestamp queries).
     pub gpu_s: Option<f64>,
     /// Host time of the whole run, from the call to the data back.
     pub total_s: f64,
     /// Of which: until the submit returned, and until the wait for the GPU returned.
     pub submitted_s: f64,
     pub waited_s: f64,
+    /// Steps chained in the run (the times above cover all of them).
+    pub steps: usize,
 }
 
 fn word(bytes: &[u8], at: usize) -> u32 {
@@ -163,7 +206,7 @@ impl Replay {
             }
         }
         let align = (ctx.device.limits().min_uniform_buffer_offset_alignment as usize).max(16);
-        let mut params_data = Vec::new();
+        let mut params_data: Vec<u8> = Vec::new();
         let mut patches = Vec::new();
         let mut slots = Vec::with_capacity(base.len());
         for (i, d) in base.dispatches.iter().enumerate() {
@@ -211,42 +254,50 @@ impl Replay {
                 patches.push(Patch { byte: offset + w, slope, intercept });
             }
         }
+        // Regions start on the uniform offset alignment.
+        let params_len = params_data.len().next_multiple_of(align).max(align);
+        params_data.resize(params_len, 0);
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("replay params"),
-            size: (params_data.len().max(16)) as u64,
+            size: (params_len * REGIONS) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let mut steps = Vec::with_capacity(base.len());
         for (d, (off, size)) in base.dispatches.iter().zip(slots) {
-            let mut entries = Vec::with_capacity(d.binds.len() + 1);
-            if !d.params.is_empty() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: off,
-                        size: wgpu::BufferSize::new(size),
-                    }),
-                });
-            }
-            for (i, (buf, off, size)) in d.binds.iter().enumerate() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: buf,
-                        offset: *off,
-                        size: wgpu::BufferSize::new(*size),
-                    }),
-                });
-            }
             let pipeline = d.pipeline.get()?;
-            let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(&d.op),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            steps.push(Step { op: d.op.clone(), pipeline, bind_group, workgroups: d.workgroups });
+            let layout = pipeline.get_bind_group_layout(0);
+            let bind_groups = (0..REGIONS)
+                .map(|r| {
+                    let mut entries = Vec::with_capacity(d.binds.len() + 1);
+                    if !d.params.is_empty() {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: 0,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &params,
+                                offset: (r * params_len) as u64 + off,
+                                size: wgpu::BufferSize::new(size),
+                            }),
+                        });
+                    }
+                    for (i, (buf, off, size)) in d.binds.iter().enumerate() {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: i as u32 + 1,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: buf,
+                                offset: *off,
+                                size: wgpu::BufferSize::new(*size),
+                            }),
+                        });
+                    }
+                    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(&d.op),
+                        layout: &layout,
+                        entries: &entries,
+                    })
+                })
+                .collect();
+            steps.push(Step { op: d.op.clone(), pipeline, bind_groups, workgroups: d.workgroups });
         }
         ctx.check(OP)?;
         let keep = recs.into_iter().next().map(|(_, r)| r.keep).unwrap_or_default();
@@ -268,13 +319,16 @@ impl Replay {
             ctx: ctx.clone(),
             steps,
             params,
+            params_len,
             params_data,
+            results: None,
             patches,
             _keep: keep,
             timing,
             last: ReplayTimes::default(),
             staging: [None, None],
             staging_size: 0,
+            ring_data: Vec::new(),
             next_slot: 0,
             prepared: None,
             in_flight: 0,
@@ -306,12 +360,14 @@ impl Replay {
         self.last
     }
 
-    /// Records the replayed pass and the read-back of `read_len` bytes of `output` (then the
-    /// two timestamps at `ts_at`) into `staging`, and finishes the command buffer. This is the
-    /// host's main cost per run (wgpu validates and translates the pass in `finish`: ~3 µs per
-    /// dispatch on the H100 machine), which is why `run` does it for the next run while the
-    /// GPU works on this one.
-    fn encode(&self, output: &wgpu::Buffer, read_len: u64, staging: &wgpu::Buffer, ts_at: u64) -> wgpu::CommandBuffer {
+    /// Records `steps` replayed steps of slot `slot` in one compute pass, each followed by the
+    /// copy of its output into its region of the results buffer; then the copy of those
+    /// `steps` x `read_len` bytes into `staging` and the two timestamps (start and end of the
+    /// pass) at `ts_at`, and finishes the command buffer. This is the host's main cost per run
+    /// (wgpu validates and translates the pass in `finish`: ~3 µs per dispatch on the H100
+    /// machine), which is why `submit_steps` does it for the next run while the GPU works on
+    /// this one.
+    fn encode(&self, slot: usize, steps: usize, staging: &wgpu::Buffer, ts_at: u64) -> wgpu::CommandBuffer {
         let ctx = &self.ctx;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
@@ -322,24 +378,104 @@ impl Replay {
             });
             let mut pass =
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("replay"), timestamp_writes });
-            let mut last: Option<&wgpu::ComputePipeline> = None;
-            for s in &self.steps {
-                if last.is_none_or(|l| *l != s.pipeline) {
-                    pass.set_pipeline(&s.pipeline);
-                    last = Some(&s.pipeline);
+            for j in 0..steps {
+                let region = slot * MAX_STEPS_PER_RUN + j;
+                let mut last: Option<&wgpu::ComputePipeline> = None;
+                for s in &self.steps {
+                    if last.is_none_or(|l| *l != s.pipeline) {
+                        pass.set_pipeline(&s.pipeline);
+                        last = Some(&s.pipeline);
+                    }
+                    pass.set_bind_group(0, &s.bind_groups[region], &[]);
+                    pass.dispatch_workgroups(s.workgroups[0], s.workgroups[1], s.workgroups[2]);
                 }
-                pass.set_bind_group(0, &s.bind_group, &[]);
-                pass.dispatch_workgroups(s.workgroups[0], s.workgroups[1], s.workgroups[2]);
+                if let Some(r) = &self.results {
+                    pass.set_pipeline(&r.pipeline);
+                    pass.set_bind_group(0, &r.bind_groups[region], &[]);
+                    pass.dispatch_workgroups(r.workgroups[0], r.workgroups[1], r.workgroups[2]);
+                }
             }
         }
-        if read_len > 0 {
-            enc.copy_buffer_to_buffer(output, 0, staging, 0, read_len);
+        if let Some(r) = &self.results {
+            let first = (slot * MAX_STEPS_PER_RUN) as u64 * r.read_len;
+            enc.copy_buffer_to_buffer(&r.buffer, first, staging, 0, steps as u64 * r.read_len);
         }
         if let Some((set, resolve)) = &self.timing {
             enc.resolve_query_set(set, 0..2, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, staging, ts_at, 16);
         }
         enc.finish()
+    }
+
+    /// The copy dispatches and results buffer for `read_len` bytes of `output` (made on first
+    /// use, again when either changes; nothing may be in flight then).
+    fn set_results(&mut self, output: &wgpu::Buffer, read_len: u64) -> Result<()> {
+        if read_len == 0 {
+            self.results = None;
+            return Ok(());
+        }
+        if self.results.as_ref().is_some_and(|r| r.output == *output && r.read_len == read_len) {
+            return Ok(());
+        }
+        let ctx = self.ctx.clone();
+        let pipeline = ctx
+            .pipeline(&super::KernelSpec::new("replay_copy", include_str!("replay_copy.wgsl"), "main"), &[])?
+            .get()?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let words = (read_len / 4) as u32;
+        let align = (ctx.device.limits().min_uniform_buffer_offset_alignment as u64).max(16);
+        let mut pdata = vec![0u8; align as usize * REGIONS];
+        for r in 0..REGIONS {
+            let at = r * align as usize;
+            pdata[at..at + 4].copy_from_slice(&words.to_le_bytes());
+            pdata[at + 4..at + 8].copy_from_slice(&(r as u32 * words).to_le_bytes());
+        }
+        let params = ctx.filled_buffer("replay copy params", wgpu::BufferUsages::UNIFORM, &pdata, 4)?;
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("replay results"),
+            size: read_len * REGIONS as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let bind_groups = (0..REGIONS as u64)
+            .map(|r| {
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("replay copy"),
+                    layout: &layout,
+                    entries: &[
+                        wgpu::BindGroupEntry {
+                            binding: 0,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &params,
+                                offset: r * align,
+                                size: wgpu::BufferSize::new(16),
+                            }),
+                        },
+                        wgpu::BindGroupEntry {
+                            binding: 1,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: output,
+                                offset: 0,
+                                size: wgpu::BufferSize::new(read_len),
+                            }),
+                        },
+                        wgpu::BindGroupEntry { binding: 2, resource: buffer.as_entire_binding() },
+                    ],
+                })
+            })
+            .collect();
+        let workgroups = ctx.grid_1d(words.div_ceil(64));
+        ctx.check("replay")?;
+        self.results = Some(Results {
+            output: output.clone(),
+            read_len,
+            pipeline,
+            buffer,
+            bind_groups,
+            workgroups,
+            _params: params,
+        });
+        Ok(())
     }
 
     /// GPU time per op name and grid over one run at `pos` (inputs as they were last written), each
@@ -382,7 +518,7 @@ impl Replay {
                     }),
                 });
                 pass.set_pipeline(&s.pipeline);
-                pass.set_bind_group(0, &s.bind_group, &[]);
+                pass.set_bind_group(0, &s.bind_groups[0], &[]);
                 pass.dispatch_workgroups(s.workgroups[0], s.workgroups[1], s.workgroups[2]);
             }
             enc.resolve_query_set(&set, 0..2 * n, &resolve, 0);
@@ -433,79 +569,98 @@ impl Replay {
         output: &GpuBuffer,
         read_len: u64,
     ) -> Result<Vec<u8>> {
-        let ticket = self.submit(pos, inputs, output, read_len)?;
+        let ticket = self.submit_steps(pos, 1, inputs, output, read_len)?;
         self.wait(ticket)
     }
 
-    /// The first half of [`Replay::run`]: writes the inputs and the patched parameters, submits
-    /// the run and prepares the next run's command buffer, without waiting. At most two runs
-    /// may be in flight (the two read-back buffers): wait for the older before a third submit.
-    /// Runs execute in submission order, so a run may read what the previous one wrote (the
-    /// next token id, chosen on the GPU) before the host has seen it.
-    pub fn submit(
+    /// The first half of [`Replay::run`], for `steps` consecutive positions from `pos` (at most
+    /// [`MAX_STEPS_PER_RUN`]) in one submit: writes the inputs (read by the first step) and the
+    /// patched parameters of each step, submits, and prepares the next run's command buffer,
+    /// without waiting. [`Replay::wait`] returns each step's `read_len` bytes of `output`, in
+    /// order. At most two runs may be in flight (the two read-back buffers): wait for the older
+    /// before a third submit. Steps and runs execute in order, so a step may read what the
+    /// previous one wrote (the next token id, chosen on the GPU) before the host has seen it.
+    pub fn submit_steps(
         &mut self,
         pos: u32,
+        steps: usize,
         inputs: &[(&GpuBuffer, &[u8])],
         output: &GpuBuffer,
         read_len: u64,
     ) -> Result<Ticket> {
         const OP: &str = "replay";
         let t0 = std::time::Instant::now();
-        self.patch(pos);
+        if steps == 0 || steps > MAX_STEPS_PER_RUN {
+            return Err(Error::gpu(OP, format!("{steps} steps in one run (1 to {MAX_STEPS_PER_RUN})")));
+        }
         let ctx = self.ctx.clone();
         let read_len = read_len.min(output.len).next_multiple_of(4);
-        // The data, then the two timestamps.
-        let ts_at = read_len.next_multiple_of(8);
-        if self.staging_size != ts_at + 16 {
+        // The data of every step, then the two timestamps.
+        let ts_at = (read_len * MAX_STEPS_PER_RUN as u64).next_multiple_of(8);
+        let same_output = self.results.as_ref().map(|r| (&r.output, r.read_len)) == Some((output.buffer(), read_len));
+        if self.staging_size != ts_at + 16 || !(same_output || read_len == 0 && self.results.is_none()) {
             if self.in_flight > 0 {
-                return Err(Error::gpu(OP, "a run with another read-back size is still in flight"));
+                return Err(Error::gpu(OP, "a run with another output or read-back size is still in flight"));
             }
-            // Another read-back size: the buffers and any prepared command buffer are stale.
+            // Another output: the buffers and any prepared command buffer are stale.
             self.staging = [None, None];
             self.prepared = None;
             self.staging_size = ts_at + 16;
+            self.set_results(output.buffer(), read_len)?;
         }
         if self.in_flight >= 2 {
             return Err(Error::gpu(OP, "two runs are in flight: wait for one before submitting another"));
         }
+        let mut ring_data = std::mem::take(&mut self.ring_data);
+        ring_data.clear();
+        for j in 0..steps as u32 {
+            self.patch(pos.wrapping_add(j));
+            ring_data.extend_from_slice(&self.params_data);
+        }
+        let (cb, slot) = match self.prepared.take() {
+            Some((cb, slot, n)) if n == steps => (cb, slot),
+            _ => {
+                let slot = self.next_slot;
+                let staging = self.staging(slot, ts_at + 16);
+                (self.encode(slot, steps, &staging, ts_at), slot)
+            }
+        };
         let mut pending = ctx.lock(OP)?;
         ctx.not_recording(OP)?;
         // Earlier work first: the writes below are queued ahead of every later submit.
         ctx.submit_locked(&mut pending);
-        ctx.queue.write_buffer(&self.params, 0, &self.params_data);
+        if !ring_data.is_empty() {
+            let at = (slot * MAX_STEPS_PER_RUN * self.params_len) as u64;
+            ctx.queue.write_buffer(&self.params, at, &ring_data);
+        }
+        self.ring_data = ring_data;
         for (buf, bytes) in inputs {
             let mut v = bytes.to_vec();
             v.resize(bytes.len().next_multiple_of(4), 0);
             ctx.queue.write_buffer(buf.buffer(), 0, &v);
         }
-        let (cb, slot) = match self.prepared.take() {
-            Some((cb, slot, out)) if out == *output.buffer() => (cb, slot),
-            _ => {
-                let slot = self.next_slot;
-                let staging = self.staging(slot, ts_at + 16);
-                (self.encode(output.buffer(), read_len, &staging, ts_at), slot)
-            }
-        };
         let encode_s = t0.elapsed().as_secs_f64();
         let index = ctx.queue.submit([cb]);
         let submitted_s = t0.elapsed().as_secs_f64();
         drop(pending);
+        ctx.check(OP)?;
         self.in_flight += 1;
-        // The next run's command buffer, into the other read-back buffer, while the GPU works.
-        // (That buffer is not mapped now: a run is waited for, mapped and unmapped before the
-        // next one is submitted into its slot.)
+        // The next run's command buffer, into the other slot, while the GPU works. (That slot's
+        // read-back buffer is not mapped now: a run is waited for, mapped and unmapped before
+        // the next one is submitted into its slot.)
         let other = 1 - slot;
         self.next_slot = other;
         let next_staging = self.staging(other, ts_at + 16);
-        self.prepared =
-            Some((self.encode(output.buffer(), read_len, &next_staging, ts_at), other, output.buffer().clone()));
-        Ok(Ticket { slot, index, read_len, ts_at, t0, encode_s, submitted_s })
+        let next_steps = next_run_steps(steps);
+        let cb = self.encode(other, next_steps, &next_staging, ts_at);
+        self.prepared = Some((cb, other, next_steps));
+        Ok(Ticket { slot, steps, index, read_len, ts_at, t0, encode_s, submitted_s })
     }
 
     /// The second half of [`Replay::run`]: waits for the run of `ticket` and returns its bytes.
     pub fn wait(&mut self, ticket: Ticket) -> Result<Vec<u8>> {
         const OP: &str = "replay";
-        let Ticket { slot, index, read_len, ts_at, t0, encode_s, submitted_s } = ticket;
+        let Ticket { slot, steps, index, read_len, ts_at, t0, encode_s, submitted_s } = ticket;
         let ctx = self.ctx.clone();
         self.in_flight = self.in_flight.saturating_sub(1);
         let staging = self.staging(slot, ts_at + 16);
@@ -526,7 +681,7 @@ impl Replay {
             Err(_) => return Err(Error::gpu(OP, "the map callback never ran")),
         }
         let mapped = staging.slice(..).get_mapped_range().map_err(|e| Error::gpu(OP, e.to_string()))?;
-        let data = mapped[..read_len as usize].to_vec();
+        let data = mapped[..read_len as usize * steps].to_vec();
         let gpu_s = self.timing.as_ref().map(|_| {
             let at = ts_at as usize;
             let t = |i: usize| u64::from_le_bytes(mapped[at + 8 * i..at + 8 * i + 8].try_into().unwrap_or_default());
@@ -534,7 +689,7 @@ impl Replay {
         });
         drop(mapped);
         staging.unmap();
-        self.last = ReplayTimes { encode_s, gpu_s, total_s: t0.elapsed().as_secs_f64(), submitted_s, waited_s };
+        self.last = ReplayTimes { encode_s, gpu_s, total_s: t0.elapsed().as_secs_f64(), submitted_s, waited_s, steps };
         Ok(data)
     }
 }

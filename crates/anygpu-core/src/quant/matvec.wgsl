@@ -360,8 +360,8 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 {{ROWS}}
     let t = lid % TPR;
     let live = orow < p.rows && xr < p.n;
-{{PROLOGUE}}
     var acc = 0.0;
+{{PROLOGUE}}
     if (live) {
         let rb = p.w_off + row * p.row_bytes;
         let xb = {{XB}};
@@ -375,7 +375,15 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             let d = mv_unit(rb, u + 3u * TPR, xb);
             acc += (a + b) + (c + d);
         }
-        for (; u < p.units; u += TPR) {
+        // Short rows (a few units per invocation, e.g. 576-wide rows: 2.25) skip the loop
+        // above: two units per step here keep two loads in flight for them (SmolLM2 decode:
+        // 1.030 -> 1.021 ms of GPU time per token on the H100).
+        for (; u + TPR < p.units; u += 2u * TPR) {
+            let a = mv_unit(rb, u, xb);
+            let b = mv_unit(rb, u + TPR, xb);
+            acc += a + b;
+        }
+        if (u < p.units) {
             acc += mv_unit(rb, u, xb);
         }
     }

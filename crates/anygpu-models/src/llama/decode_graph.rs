@@ -7,15 +7,15 @@
 //!
 //! The recorded step ends with the argmax of its logits written where the embedding lookup
 //! reads the token id. Sampled decoding overwrites that id with the host's choice before each
-//! step; greedy decoding ([`Llama::decode_greedy`]) leaves it, so step n + 1 is submitted
-//! before step n's token has come back and the GPU never waits for the host (only the 4-byte
-//! id is read back, not the logits).
+//! step; greedy decoding ([`Llama::decode_greedy`]) leaves it, so the GPU chains steps without
+//! the host: runs of 1, 2, 4 then 8 steps per submit (one compute pass each), two runs in
+//! flight, only the 4-byte ids read back, not the logits.
 
 use std::sync::Arc;
 
 use std::collections::VecDeque;
 
-use anygpu_core::gpu::{GpuContext, Replay, ReplayTimes};
+use anygpu_core::gpu::{next_run_steps, GpuContext, Replay, ReplayTimes};
 use anygpu_core::ops::reduce::gpu_argmax_into;
 use anygpu_core::quant::gpu::gather_rows_by_buffer;
 use anygpu_core::{DType, Error, Result, Tensor};
@@ -50,13 +50,14 @@ pub struct DecodeStats {
 }
 
 impl DecodeStats {
-    /// Counts one step: its replay's times, `per_token_s` of wall time.
+    /// Counts one step: the times of the run it was in (the GPU time shared by its steps),
+    /// `per_token_s` of wall time.
     fn add(&mut self, t: ReplayTimes, per_token_s: f64) {
         self.steps += 1;
         self.encode_s += t.encode_s;
         self.submitted_s += t.submitted_s;
         self.waited_s += t.waited_s;
-        self.gpu_s += t.gpu_s.unwrap_or(0.0);
+        self.gpu_s += t.gpu_s.unwrap_or(0.0) / t.steps.max(1) as f64;
         self.total_s += per_token_s;
     }
 }
@@ -117,8 +118,10 @@ impl DecodeGraph {
     }
 
     /// Greedy decoding from `first` at position `cache.len()`: up to `max` tokens, each passed
-    /// to `on_token` as soon as it is back (false stops). Two steps are in flight at a time;
-    /// a step submitted past a stop is rolled back from the cache. Returns the tokens made.
+    /// to `on_token` once its run is back (false stops). A run chains up to
+    /// `MAX_STEPS_PER_RUN` steps in one submit (the GPU feeds each step's token to the next);
+    /// two runs are in flight at a time, and steps submitted past a stop are rolled back from
+    /// the cache. Returns the tokens made.
     pub fn greedy(
         &mut self,
         model: &Llama,
@@ -132,39 +135,56 @@ impl DecodeGraph {
             return Err(Error::Index { op: "token id", index: first as i64, len: n_vocab });
         }
         let idbuf = self.ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        // (ticket, steps) of the runs in flight, and the steps of the run being handed out that
+        // the host has not seen yet: all of them are in the cache already.
         let mut in_flight = VecDeque::new();
+        let mut unseen = 0;
         let (mut submitted, mut made) = (0, 0);
+        // Runs of 1, 2, 4, ... steps (see `next_run_steps`).
+        let mut run_steps = 1;
         let mut last = std::time::Instant::now();
         let result = (|| -> Result<()> {
             loop {
                 while submitted < max && in_flight.len() < 2 {
-                    model.check_room(cache, 1)?;
+                    let room = cache.capacity().saturating_sub(cache.len());
+                    let steps = (max - submitted).min(run_steps).min(room.max(1));
+                    run_steps = next_run_steps(run_steps);
+                    model.check_room(cache, steps)?;
                     let pos =
                         u32::try_from(cache.len()).map_err(|_| Error::shape("decode graph", "position exceeds u32"))?;
                     let first_bytes = first.to_le_bytes();
                     let inputs: &[(&anygpu_core::gpu::GpuBuffer, &[u8])] =
                         if submitted == 0 { &[(idbuf, &first_bytes)] } else { &[] };
-                    in_flight.push_back(self.replay.submit(pos, inputs, idbuf, 4)?);
-                    cache.advance(1);
-                    submitted += 1;
+                    let ticket = self.replay.submit_steps(pos, steps, inputs, idbuf, 4)?;
+                    in_flight.push_back((ticket, steps));
+                    cache.advance(steps);
+                    submitted += steps;
                 }
-                let Some(ticket) = in_flight.pop_front() else { return Ok(()) };
+                let Some((ticket, steps)) = in_flight.pop_front() else { return Ok(()) };
                 let bytes = self.replay.wait(ticket)?;
-                let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-                made += 1;
-                // A step's own time overlaps its neighbours': per token is the time between tokens.
-                self.stats.add(self.replay.last_times(), last.elapsed().as_secs_f64());
+                unseen = steps;
+                // A run's own time overlaps its neighbours': per token is the time between runs
+                // over the tokens they made.
+                let per_token = last.elapsed().as_secs_f64() / steps as f64;
                 last = std::time::Instant::now();
-                if !on_token(token) {
-                    return Ok(());
+                for id in bytes.chunks_exact(4).take(steps) {
+                    let token = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+                    made += 1;
+                    unseen -= 1;
+                    self.stats.add(self.replay.last_times(), per_token);
+                    if !on_token(token) {
+                        return Ok(());
+                    }
                 }
             }
         })();
-        // Steps still in flight (after a stop or an error) are waited for and forgotten.
-        for ticket in in_flight.drain(..) {
+        // Steps the host did not take (after a stop or an error) are waited for and forgotten.
+        let mut forget = unseen;
+        for (ticket, steps) in in_flight.drain(..) {
             let _ = self.replay.wait(ticket);
-            cache.truncate(cache.len().saturating_sub(1));
+            forget += steps;
         }
+        cache.truncate(cache.len().saturating_sub(forget));
         result.map(|()| made)
     }
 

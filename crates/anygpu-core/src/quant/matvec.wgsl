@@ -62,6 +62,12 @@ struct Params {
 
 var<workgroup> red: array<f32, 256>;
 
+// SGW, `fn lanes_sum(v, width) -> f32` (the sum of v over aligned groups of `width` <= SGW
+// lanes, in every lane of a group) and `lanes_max` come with the header: subgroup shuffles where the device has subgroups of at least
+// SGW lanes, else SGW = 1 and lanes_sum(v, 1) = v (the trees below then do all the work). A
+// tree level costs a workgroup barrier; shuffles take SmolLM2's 576-wide products from 13
+// levels (the RMSNorm prologue's 8, the row's 5) to 3.
+
 fn hsum(v: vec4<f32>) -> f32 {
     return v.x + v.y + v.z + v.w;
 }
@@ -387,10 +393,12 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             acc += mv_unit(rb, u, xb);
         }
     }
-    red[lid] = acc;
+    // Row sums: lanes_sum adds up aligned groups of min(TPR, SGW) lanes in registers (subgroup
+    // shuffles; SGW = 1 without subgroups), the tree the rest (TPR and SGW are constants: the
+    // loops are uniform). Every lane of a group holds its sum, the row's first lane the row's.
+    red[lid] = lanes_sum(acc, min(TPR, SGW));
     workgroupBarrier();
-    // Tree over each row's TPR slots (TPR is a constant: the loop is uniform).
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+    for (var s = TPR / 2u; s >= SGW; s >>= 1u) {
         if (t < s) {
             red[lid] += red[lid + s];
         }

@@ -25,7 +25,7 @@ fn comb_base(xr: u32, h: u32) -> u32 {
 
 // Phase 1: each split's weight in the merged row, exp2(m_s - M) / sum_s' exp2(m_s' - M) l_s',
 // into cw[h * CS + s]. CTPH invocations per head stride over the splits; their maxima and sums
-// meet in trees over `red`. Called by the whole workgroup (it has barriers); ends with one.
+// meet in shuffles and trees over `red`. Called by the whole workgroup (it has barriers); ends with one.
 fn comb_weights(xr: u32, lid: u32) {
     let h = lid / CTPH;
     let j = lid % CTPH;
@@ -37,9 +37,11 @@ fn comb_weights(xr: u32, lid: u32) {
             mx = max(mx, part[base + s * (CD + 2u)]);
         }
     }
-    red[lid] = mx;
+    // Groups of min(CTPH, SGW) lanes reduce in registers (lanes_max / lanes_sum: matvec.wgsl),
+    // the trees the rest.
+    red[lid] = lanes_max(mx, min(CTPH, SGW));
     workgroupBarrier();
-    for (var st = CTPH / 2u; st > 0u; st >>= 1u) {
+    for (var st = CTPH / 2u; st >= SGW; st >>= 1u) {
         if (j < st) {
             red[lid] = max(red[lid], red[lid + st]);
         }
@@ -57,9 +59,9 @@ fn comb_weights(xr: u32, lid: u32) {
             total += wt * part[b + 1u];
         }
     }
-    red[lid] = total;
+    red[lid] = lanes_sum(total, min(CTPH, SGW));
     workgroupBarrier();
-    for (var st = CTPH / 2u; st > 0u; st >>= 1u) {
+    for (var st = CTPH / 2u; st >= SGW; st >>= 1u) {
         if (j < st) {
             red[lid] += red[lid + st];
         }

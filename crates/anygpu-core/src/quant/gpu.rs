@@ -86,8 +86,11 @@ const BIND_ALIGN: u64 = 256;
 /// 565 µs at n = 16).
 pub const MATVEC_MAX_N: usize = 16;
 
-/// The widest x row the matvec kernel's RMSNorm prologue takes (see `qmatvec_fused`).
-pub const NORM_PROLOGUE_MAX_COLS: usize = 1024;
+/// The widest x row the matvec kernel's RMSNorm prologue takes (see `qmatvec_fused`). H100,
+/// with the shuffle reductions and the prefetch: 1B F16 (2048-wide) tg128 592-594 -> 600 tok/s
+/// at 2048 (16 rms_norm dispatches fewer); 8B Q4_0 at 4096 202.6 -> 199.1 (its gate|up has too
+/// many workgroups for the prologue anyway, Q|K|V alone got it and lost).
+pub const NORM_PROLOGUE_MAX_COLS: usize = 2048;
 
 /// The matvec kernel's `SGW`, `lanes_sum` and `lanes_max` (see matvec.wgsl): subgroup
 /// shuffles (naga takes them without an `enable` directive, which it rejects, once the device
@@ -799,7 +802,8 @@ pub(crate) fn qmatvec_fused(
     // short: every workgroup stages it before its first product, which on the H100 cost more
     // than the separate rms_norm dispatch it saves for 4096-wide rows (8B shapes: the gate|up
     // product 58 -> 102 µs), and less for 576-wide ones (SmolLM2: 242 dispatches instead of
-    // 303, GPU time per token 1.58 -> 1.36 ms).
+    // 303, GPU time per token 1.58 -> 1.36 ms) and, barely, for 2048-wide ones (see
+    // NORM_PROLOGUE_MAX_COLS).
     // Nor may the product have too many workgroups: SmolLM2's output head (49,152 rows, 6,144
     // workgroups) took 45 µs with the prologue (each workgroup reads and reduces x first),
     // 33 + 9 µs as a plain product after an rms_norm dispatch (decode GPU time per token

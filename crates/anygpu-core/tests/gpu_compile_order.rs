@@ -32,3 +32,35 @@ fn commands_behind_a_compiling_kernel_keep_their_order() {
         eprintln!("{name}: {waiting} command(s) waited for a kernel to compile");
     }
 }
+
+#[test]
+fn a_kernel_that_fails_to_compile_is_an_error_naming_it_and_the_device_goes_on() {
+    const BAD: &str = "@group(0) @binding(1) var<storage, read_write> o: array<f32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) i: vec3<u32>) { o[i.x] = undefined_name; }";
+    for d in anygpu_core::testing::gpu_devices() {
+        let ctx = d.gpu().expect("a GPU device");
+        let out = Tensor::zeros([64], anygpu_core::DType::F32, d).expect("zeros");
+        // pipeline() returns at once; the compile error comes back from the dispatch, or (when
+        // the dispatch waited behind the compile) from the next wait.
+        let spec = anygpu_core::gpu::KernelSpec::new("broken_kernel", BAD, "main");
+        let err = ctx
+            .pipeline(&spec, &[])
+            .and_then(|p| {
+                ctx.dispatch(
+                    &p,
+                    "broken",
+                    &[],
+                    &[anygpu_core::gpu::Bind::Whole(out.gpu_buffer().expect("gpu"))],
+                    [1, 1, 1],
+                )
+            })
+            .and_then(|()| ctx.sync())
+            .err()
+            .unwrap_or_else(|| panic!("{}: a kernel that cannot compile ran", d.name()))
+            .to_string();
+        assert!(err.contains("broken_kernel"), "{}: {err}", d.name());
+        // Nothing else is lost: the device still runs work.
+        let x = Tensor::from_slice(&[1f32, 2.0, 3.0], [3], d).expect("upload");
+        assert_eq!(x.affine(2.0, 1.0).and_then(|y| y.to_vec_f32()).expect("after the error"), vec![3.0, 5.0, 7.0]);
+    }
+}

@@ -415,6 +415,7 @@ fn probe_gl_compile() {
         let t0 = std::time::Instant::now();
         let src: &'static str = Box::leak(src.to_string().into_boxed_str());
         let p = ctx.pipeline(&anygpu_core::gpu::KernelSpec::new(*name, src, "main"), &[]).unwrap();
+        p.get().unwrap(); // compiled on a worker thread: wait for it
         let t1 = t0.elapsed();
         let out = Tensor::zeros([256], DType::F32, d).unwrap();
         ctx.dispatch(&p, "probe", &[], &[anygpu_core::gpu::Bind::Whole(out.gpu_buffer().unwrap())], [1, 1, 1]).unwrap();

@@ -82,10 +82,24 @@ struct Step {
     params: Option<(u64, u64)>,
     /// (buffer, offset, size) of bindings 1, 2, ...
     binds: Vec<(wgpu::Buffer, u64, u64)>,
-    /// One per params region (see `Replay::params`), made when a run first needs it
-    /// (`Replay::ensure_regions`): all of them at once took ~0.1 s (SmolLM2: 155 x 16).
+    /// Whether a parameter word of it depends on the position: then step j of a run reads
+    /// params region j (one bind group each), else region 0 (the others hold the same words).
+    /// A bind group per step and region cost ~30 µs each to make on the H100 (SmolLM2, one for
+    /// each of 155 steps in each of 16 regions: 82 ms before the second token).
+    patched: bool,
+    /// Per params region, for the regions it reads (see `Replay::params`).
     bind_groups: Vec<Option<wgpu::BindGroup>>,
     workgroups: [u32; 3],
+}
+
+impl Step {
+    fn region(&self, j: usize) -> usize {
+        if self.patched {
+            j
+        } else {
+            0
+        }
+    }
 }
 
 /// The steps of the run after one of `steps`, as [`Replay::submit_steps`] prepares it: twice
@@ -96,7 +110,7 @@ pub fn next_run_steps(steps: usize) -> usize {
     (2 * steps).clamp(1, MAX_STEPS_PER_RUN)
 }
 
-/// Params regions: one per step of a run, for each of the two runs that may be in flight.
+/// Results regions: one per step of a run, for each of the two runs that may be in flight.
 const REGIONS: usize = 2 * MAX_STEPS_PER_RUN;
 
 /// Where each step's output goes within a run: the copy dispatch after each step (same pass)
@@ -116,9 +130,10 @@ struct Results {
 pub struct Replay {
     ctx: Arc<GpuContext>,
     steps: Vec<Step>,
-    /// REGIONS regions of `params_len` bytes: step j of a run in slot s reads region
-    /// s * MAX_STEPS_PER_RUN + j (bind groups per region), so the steps of a run need no copy
-    /// of their params between them.
+    /// MAX_STEPS_PER_RUN regions of `params_len` bytes: step j of a run reads region j (bind
+    /// groups per region), so the steps of a run need no copy of their params between them.
+    /// Every run writes them before it starts: the write waits for the run before (the
+    /// queue's barrier on the buffer), as one params buffer for one step did.
     params: wgpu::Buffer,
     params_len: usize,
     params_data: Vec<u8>,
@@ -265,7 +280,7 @@ impl Replay {
         params_data.resize(params_len, 0);
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("replay params"),
-            size: (params_len * REGIONS) as u64,
+            size: (params_len * MAX_STEPS_PER_RUN) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -273,13 +288,15 @@ impl Replay {
         for (d, (off, size)) in base.dispatches.iter().zip(slots) {
             let pipeline = d.pipeline.get()?;
             let layout = pipeline.get_bind_group_layout(0);
+            let range = off as usize..(off + size) as usize;
             steps.push(Step {
                 op: d.op.clone(),
                 pipeline,
                 layout,
                 params: (!d.params.is_empty()).then_some((off, size)),
                 binds: d.binds.clone(),
-                bind_groups: vec![None; REGIONS],
+                patched: patches.iter().any(|p| range.contains(&p.byte)),
+                bind_groups: vec![None; MAX_STEPS_PER_RUN],
                 workgroups: d.workgroups,
             });
         }
@@ -317,18 +334,17 @@ impl Replay {
             prepared: None,
             in_flight: 0,
         };
-        replay.ensure_regions(0, 1); // the first run's and `profile`'s
+        replay.make_bind_groups();
         ctx.check(OP)?;
         Ok(replay)
     }
 
-    /// Makes the bind groups of the first `steps` regions of `slot` that do not exist yet.
-    fn ensure_regions(&mut self, slot: usize, steps: usize) {
+    /// Makes each step's bind groups: one per params region it reads.
+    fn make_bind_groups(&mut self) {
         let device = &self.ctx.device;
-        for j in 0..steps {
-            let region = slot * MAX_STEPS_PER_RUN + j;
-            let at = (region * self.params_len) as u64;
-            for s in self.steps.iter_mut().filter(|s| s.bind_groups[region].is_none()) {
+        for j in 0..MAX_STEPS_PER_RUN {
+            let at = (j * self.params_len) as u64;
+            for s in self.steps.iter_mut().filter(|s| s.region(j) == j) {
                 let mut entries = Vec::with_capacity(s.binds.len() + 1);
                 if let Some((off, size)) = s.params {
                     entries.push(wgpu::BindGroupEntry {
@@ -355,7 +371,7 @@ impl Replay {
                     layout: &s.layout,
                     entries: &entries,
                 });
-                s.bind_groups[region] = Some(bg);
+                s.bind_groups[j] = Some(bg);
             }
         }
     }
@@ -404,20 +420,19 @@ impl Replay {
             let mut pass =
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("replay"), timestamp_writes });
             for j in 0..steps {
-                let region = slot * MAX_STEPS_PER_RUN + j;
                 let mut last: Option<&wgpu::ComputePipeline> = None;
                 for s in &self.steps {
                     if last.is_none_or(|l| *l != s.pipeline) {
                         pass.set_pipeline(&s.pipeline);
                         last = Some(&s.pipeline);
                     }
-                    // Made by `ensure_regions` before every encode.
-                    pass.set_bind_group(0, s.bind_groups[region].as_ref(), &[]);
+                    // Made by `make_bind_groups` for every region the step reads.
+                    pass.set_bind_group(0, s.bind_groups[s.region(j)].as_ref(), &[]);
                     pass.dispatch_workgroups(s.workgroups[0], s.workgroups[1], s.workgroups[2]);
                 }
                 if let Some(r) = &self.results {
                     pass.set_pipeline(&r.pipeline);
-                    pass.set_bind_group(0, &r.bind_groups[region], &[]);
+                    pass.set_bind_group(0, &r.bind_groups[slot * MAX_STEPS_PER_RUN + j], &[]);
                     pass.dispatch_workgroups(r.workgroups[0], r.workgroups[1], r.workgroups[2]);
                 }
             }
@@ -647,7 +662,6 @@ impl Replay {
             Some((cb, slot, n)) if n == steps => (cb, slot),
             _ => {
                 let slot = self.next_slot;
-                self.ensure_regions(slot, steps);
                 let staging = self.staging(slot, ts_at + 16);
                 (self.encode(slot, steps, &staging, ts_at), slot)
             }
@@ -657,8 +671,7 @@ impl Replay {
         // Earlier work first: the writes below are queued ahead of every later submit.
         ctx.submit_locked(&mut pending);
         if !ring_data.is_empty() {
-            let at = (slot * MAX_STEPS_PER_RUN * self.params_len) as u64;
-            ctx.queue.write_buffer(&self.params, at, &ring_data);
+            ctx.queue.write_buffer(&self.params, 0, &ring_data);
         }
         self.ring_data = ring_data;
         for (buf, bytes) in inputs {
@@ -679,7 +692,6 @@ impl Replay {
         self.next_slot = other;
         let next_staging = self.staging(other, ts_at + 16);
         let next_steps = next_run_steps(steps);
-        self.ensure_regions(other, next_steps);
         let cb = self.encode(other, next_steps, &next_staging, ts_at);
         self.prepared = Some((cb, other, next_steps));
         Ok(Ticket { slot, steps, index, read_len, ts_at, t0, encode_s, submitted_s })

@@ -1,8 +1,9 @@
 //! Replay of recorded dispatches: the decode step of an LLM runs the same few hundred kernels
 //! on the same buffers for every token, only a handful of parameters (the position) change.
 //! Recording them once and replaying costs a set_pipeline / set_bind_group / dispatch per
-//! kernel and one submit per step, instead of building every tensor op's parameters, buffers
-//! and bind group again (~8 µs of host time per dispatch on the H100 machine).
+//! kernel and one submit per run of up to MAX_STEPS_PER_RUN steps, instead of building every
+//! tensor op's parameters, buffers and bind group again (~8 µs of host time per dispatch on the
+//! H100 machine).
 //!
 //! How the varying parameters are found: the same work is recorded at two or more positions
 //! (e.g. the KV-cache length). Every recording must have the same kernels, workgroup counts and
@@ -148,7 +149,7 @@ pub struct Replay {
     /// of `staging_size` bytes.
     staging: [Option<wgpu::Buffer>; 2],
     staging_size: u64,
-    /// The patched params of each step of a run, written to its slot's regions.
+    /// The patched params of each step of a run, written to the params regions.
     ring_data: Vec<u8>,
     next_slot: usize,
     /// The next run's command buffer, its slot and its number of steps (for the output of
@@ -165,7 +166,7 @@ pub struct Replay {
 /// up to 8.
 pub const MAX_STEPS_PER_RUN: usize = 8;
 
-/// A submitted run ([`Replay::submit`]), to be passed to [`Replay::wait`].
+/// A submitted run ([`Replay::submit_steps`]), to be passed to [`Replay::wait`].
 #[must_use = "a submitted run must be waited for"]
 pub struct Ticket {
     slot: usize,

@@ -70,11 +70,30 @@ pub fn instance() -> wgpu::Instance {
     instance_with(wgpu::Backends::all() - wgpu::Backends::BROWSER_WEBGPU)
 }
 
-/// An instance of only `backends` (`WGPU_BACKEND` still narrows them).
+/// wgpu's `WGPU_BACKEND` (a comma list, replacing `default`), except that a value naming no
+/// backend (empty, or misspelt) is ignored with a warning: wgpu would enable none, and every
+/// run would silently fall back to the CPU backend.
+pub fn backends_from_env(default: wgpu::Backends, env: Option<&str>) -> wgpu::Backends {
+    let Some(v) = env else { return default };
+    let named = wgpu::Backends::from_comma_list(v);
+    if named.is_empty() {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "anygpu: WGPU_BACKEND={v:?} names no backend (vulkan, metal, dx12, gl): ignored; \
+                 ANYGPU_BACKEND chooses one"
+            )
+        });
+        return default;
+    }
+    named
+}
+
+/// An instance of only `backends` (`WGPU_BACKEND` replaces them, see `backends_from_env`).
 pub fn instance_with(backends: wgpu::Backends) -> wgpu::Instance {
     prepare_environment();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backends.with_env();
+    desc.backends = backends_from_env(backends, std::env::var("WGPU_BACKEND").ok().as_deref());
     desc.flags =
         (wgpu::InstanceFlags::default() | wgpu::InstanceFlags::ALLOW_UNDERLYING_NONCOMPLIANT_ADAPTER).with_env();
     wgpu::Instance::new(desc)
@@ -187,5 +206,21 @@ pub fn cpu_row(index: usize) -> DeviceInfo {
             max_compute_workgroup_storage_size: 0,
             max_compute_invocations_per_workgroup: 0,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backends_from_env;
+    use wgpu::Backends;
+
+    #[test]
+    fn wgpu_backend_naming_nothing_is_ignored() {
+        let all = Backends::all();
+        assert_eq!(backends_from_env(all, None), all);
+        assert_eq!(backends_from_env(Backends::PRIMARY, Some("")), Backends::PRIMARY);
+        assert_eq!(backends_from_env(all, Some("vulcan")), all);
+        assert_eq!(backends_from_env(all, Some("vulkan")), Backends::VULKAN);
+        assert_eq!(backends_from_env(Backends::PRIMARY, Some("gl, vulkan")), Backends::GL | Backends::VULKAN);
     }
 }

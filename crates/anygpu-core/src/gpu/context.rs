@@ -131,9 +131,9 @@ enum Deferred {
 pub(super) fn owned_binds(binds: &[Bind<'_>]) -> Vec<(wgpu::Buffer, u64, u64)> {
     binds
         .iter()
-        .map(|b| match b {
-            Bind::Whole(g) => (g.buffer().clone(), 0, g.len.max(4).next_multiple_of(4)),
-            Bind::Slice(buf, off, size) => ((*buf).clone(), *off, (*size).max(4).next_multiple_of(4)),
+        .map(|b| {
+            let (buf, off, size) = b.range();
+            (buf.clone(), off, size)
         })
         .collect()
 }
@@ -182,14 +182,6 @@ impl GpuBuffer {
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }
-    /// A binding of the first `len` bytes (rounded to 4).
-    pub fn binding(&self) -> wgpu::BindingResource<'_> {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: self.buffer(),
-            offset: 0,
-            size: wgpu::BufferSize::new(self.len.max(4).next_multiple_of(4)),
-        })
-    }
 }
 
 impl Drop for GpuBuffer {
@@ -212,6 +204,17 @@ impl Drop for GpuBuffer {
 pub enum Bind<'a> {
     Whole(&'a GpuBuffer),
     Slice(&'a wgpu::Buffer, u64, u64),
+}
+
+impl Bind<'_> {
+    /// (buffer, offset, bound size): a tensor's first `len` bytes, or the slice; the size
+    /// rounded up to whole words.
+    pub(super) fn range(&self) -> (&wgpu::Buffer, u64, u64) {
+        match self {
+            Bind::Whole(g) => (g.buffer(), 0, g.len.max(4).next_multiple_of(4)),
+            Bind::Slice(buf, off, size) => (buf, *off, (*size).max(4).next_multiple_of(4)),
+        }
+    }
 }
 
 fn error_text(e: &wgpu::Error) -> String {
@@ -535,16 +538,10 @@ impl GpuContext {
             return Ok(());
         }
         let slot = if params.is_empty() { None } else { Some(self.params_slot(&mut pending, params)?) };
-        if pending.deferred.is_empty() && pipeline.is_ready() {
-            let p = pipeline.get()?;
-            let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds
-                .iter()
-                .map(|b| match b {
-                    Bind::Whole(g) => (g.buffer(), 0, g.len.max(4).next_multiple_of(4)),
-                    Bind::Slice(buf, off, size) => (*buf, *off, (*size).max(4).next_multiple_of(4)),
-                })
-                .collect();
-            self.encode_dispatch(&mut pending, &p, op, slot, &binds, workgroups);
+        let ready = if pending.deferred.is_empty() { pipeline.try_get() } else { None };
+        if let Some(p) = ready {
+            let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds.iter().map(Bind::range).collect();
+            self.encode_dispatch(&mut pending, &p?, op, slot, &binds, workgroups);
         } else {
             pending.deferred.push_back(Deferred::Dispatch {
                 pipeline: pipeline.clone(),

@@ -111,11 +111,24 @@ impl Pipeline {
         while st.is_none() {
             st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        match st.as_ref() {
-            Some(Ok(p)) => Ok(p.clone()),
-            Some(Err(msg)) => Err(Error::gpu(format!("compiling kernel {}", self.0.name), msg.clone())),
-            None => unreachable!("waited above until set"),
-        }
+        self.outcome(st.as_ref()).unwrap_or_else(|| unreachable!("waited above until set"))
+    }
+
+    /// [`Pipeline::get`] if compilation has finished, without waiting (one lock: the
+    /// dispatch path asks this for every dispatch).
+    pub fn try_get(&self) -> Option<Result<wgpu::ComputePipeline>> {
+        let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.outcome(st.as_ref())
+    }
+
+    fn outcome(
+        &self,
+        state: Option<&std::result::Result<wgpu::ComputePipeline, String>>,
+    ) -> Option<Result<wgpu::ComputePipeline>> {
+        state.map(|r| match r {
+            Ok(p) => Ok(p.clone()),
+            Err(msg) => Err(Error::gpu(format!("compiling kernel {}", self.0.name), msg.clone())),
+        })
     }
 
     pub fn name(&self) -> &str {

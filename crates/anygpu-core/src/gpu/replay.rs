@@ -150,7 +150,7 @@ pub struct Replay {
     staging: [Option<wgpu::Buffer>; 2],
     staging_size: u64,
     /// The patched params of each step of a run, written to the params regions.
-    ring_data: Vec<u8>,
+    run_params: Vec<u8>,
     next_slot: usize,
     /// The next run's command buffer, its slot and its number of steps (for the output of
     /// `results`).
@@ -330,7 +330,7 @@ impl Replay {
             last: ReplayTimes::default(),
             staging: [None, None],
             staging_size: 0,
-            ring_data: Vec::new(),
+            run_params: Vec::new(),
             next_slot: 0,
             prepared: None,
             in_flight: 0,
@@ -653,11 +653,11 @@ impl Replay {
         if self.in_flight >= 2 {
             return Err(Error::gpu(OP, "two runs are in flight: wait for one before submitting another"));
         }
-        let mut ring_data = std::mem::take(&mut self.ring_data);
-        ring_data.clear();
+        let mut run_params = std::mem::take(&mut self.run_params);
+        run_params.clear();
         for j in 0..steps as u32 {
             self.patch(pos.wrapping_add(j));
-            ring_data.extend_from_slice(&self.params_data);
+            run_params.extend_from_slice(&self.params_data);
         }
         let (cb, slot) = match self.prepared.take() {
             Some((cb, slot, n)) if n == steps => (cb, slot),
@@ -671,10 +671,10 @@ impl Replay {
         ctx.not_recording(OP)?;
         // Earlier work first: the writes below are queued ahead of every later submit.
         ctx.submit_locked(&mut pending);
-        if !ring_data.is_empty() {
-            ctx.queue.write_buffer(&self.params, 0, &ring_data);
+        if !run_params.is_empty() {
+            ctx.queue.write_buffer(&self.params, 0, &run_params);
         }
-        self.ring_data = ring_data;
+        self.run_params = run_params;
         for (buf, bytes) in inputs {
             let mut v = bytes.to_vec();
             v.resize(bytes.len().next_multiple_of(4), 0);

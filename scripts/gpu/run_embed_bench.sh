@@ -39,7 +39,7 @@ fail() { echo "run_embed_bench: $*" >&2; exit 2; }
 [ -f "$MODEL/model.safetensors" ] || fail "$MODEL/model.safetensors missing: python3 scripts/gpu/pack_minilm.py"
 
 # The Vulkan loader, where the machine lacks one (the GPU machine: unpacked from .gl/).
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1'; then
+if ! ldconfig -p 2>/dev/null | grep 'libvulkan.so.1' >/dev/null; then
     ls .gl/*.deb >/dev/null 2>&1 || fail "no Vulkan loader on this machine and no .gl/*.deb to unpack"
     for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
     ldconfig

@@ -61,6 +61,19 @@ pub fn prepare_environment() {
         // SAFETY: the first call comes before any thread of ours reads the environment.
         unsafe { std::env::set_var("EGL_PLATFORM", "surfaceless") };
     }
+    // Mesa's implicit Vulkan layer VK_LAYER_MESA_device_select only reorders adapters to put the
+    // display's GPU first (anygpu ranks adapters itself), and to find that display it connects
+    // to Wayland: with no XDG_RUNTIME_DIR (headless machines, containers, CI) libwayland prints
+    // "error: XDG_RUNTIME_DIR is invalid or not set" on every Vulkan start, which reads as ours.
+    // Disabled then, the way the layer's manifest offers; a user's own setting wins.
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+        && std::env::var_os("MESA_VK_DEVICE_SELECT").is_none()
+    {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
+    }
 }
 
 /// The instance every anygpu device comes from. Non-compliant adapters are allowed on purpose:

@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
-use super::kernel::{KernelSpec, Pipeline, PipelineCache, PipelineKey};
+use super::kernel::{Compiled, KernelSpec, Pipeline, PipelineCache, PipelineKey};
 use super::pool::{size_class, BufferPool, STORAGE_USAGE};
 use super::replay::{Recorded, Recording};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
@@ -569,7 +569,7 @@ impl GpuContext {
     fn encode_dispatch(
         &self,
         pending: &mut Pending,
-        pipeline: &wgpu::ComputePipeline,
+        kernel: &Compiled,
         op: &str,
         params: Option<(u64, u64)>,
         binds: &[(&wgpu::Buffer, u64, u64)],
@@ -598,14 +598,14 @@ impl GpuContext {
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(op),
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &kernel.layout,
             entries: &entries,
         });
         if self.has_error() {
             return; // an invalid bind group would invalidate the whole batch; `check` reports it
         }
         let pass = self.open_pass(pending);
-        pass.set_pipeline(pipeline);
+        pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
     }

@@ -79,9 +79,17 @@ impl PipelineKey {
 #[derive(Clone)]
 pub struct Pipeline(Arc<Slot>);
 
+/// A compiled kernel: the pipeline and its bind group layout, asked of wgpu once here rather
+/// than for every dispatch.
+#[derive(Clone)]
+pub struct Compiled {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
 struct Slot {
     name: String,
-    state: Mutex<Option<std::result::Result<wgpu::ComputePipeline, String>>>,
+    state: Mutex<Option<std::result::Result<Compiled, String>>>,
     done: Condvar,
 }
 
@@ -93,9 +101,10 @@ impl Pipeline {
 
     /// Sets the compile result (the first one counts) and wakes the waiters.
     pub(crate) fn finish(&self, r: std::result::Result<wgpu::ComputePipeline, String>) {
+        let compiled = r.map(|pipeline| Compiled { layout: pipeline.get_bind_group_layout(0), pipeline });
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.is_none() {
-            *st = Some(r);
+            *st = Some(compiled);
         }
         self.0.done.notify_all();
     }
@@ -106,7 +115,7 @@ impl Pipeline {
     }
 
     /// The compiled pipeline, waiting for its compilation; a compile error names the kernel.
-    pub fn get(&self) -> Result<wgpu::ComputePipeline> {
+    pub fn get(&self) -> Result<Compiled> {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         while st.is_none() {
             st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -116,15 +125,12 @@ impl Pipeline {
 
     /// [`Pipeline::get`] if compilation has finished, without waiting (one lock: the
     /// dispatch path asks this for every dispatch).
-    pub fn try_get(&self) -> Option<Result<wgpu::ComputePipeline>> {
+    pub fn try_get(&self) -> Option<Result<Compiled>> {
         let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         self.outcome(st.as_ref())
     }
 
-    fn outcome(
-        &self,
-        state: Option<&std::result::Result<wgpu::ComputePipeline, String>>,
-    ) -> Option<Result<wgpu::ComputePipeline>> {
+    fn outcome(&self, state: Option<&std::result::Result<Compiled, String>>) -> Option<Result<Compiled>> {
         state.map(|r| match r {
             Ok(p) => Ok(p.clone()),
             Err(msg) => Err(Error::gpu(format!("compiling kernel {}", self.0.name), msg.clone())),

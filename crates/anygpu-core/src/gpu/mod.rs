@@ -6,5 +6,5 @@ pub mod pool;
 pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};
-pub use kernel::{KernelSpec, Pipeline};
+pub use kernel::{Compiled, KernelSpec, Pipeline};
 pub use replay::{next_run_steps, Recording, Replay, ReplayTimes, Ticket, MAX_STEPS_PER_RUN};

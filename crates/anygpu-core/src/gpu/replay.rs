@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::context::{owned_binds, Bind, GpuBuffer, GpuContext};
-use super::kernel::Pipeline;
+use super::kernel::{Compiled, Pipeline};
 use crate::error::{Error, Result};
 
 /// One recorded dispatch: everything needed to issue it again.
@@ -287,8 +287,7 @@ impl Replay {
         });
         let mut steps = Vec::with_capacity(base.len());
         for (d, (off, size)) in base.dispatches.iter().zip(slots) {
-            let pipeline = d.pipeline.get()?;
-            let layout = pipeline.get_bind_group_layout(0);
+            let Compiled { pipeline, layout } = d.pipeline.get()?;
             let range = off as usize..(off + size) as usize;
             steps.push(Step {
                 op: d.op.clone(),
@@ -463,7 +462,7 @@ impl Replay {
         let pipeline = ctx
             .pipeline(&super::KernelSpec::new("replay_copy", include_str!("replay_copy.wgsl"), "main"), &[])?
             .get()?;
-        let layout = pipeline.get_bind_group_layout(0);
+        let Compiled { pipeline, layout } = pipeline;
         let words = (read_len / 4) as u32;
         let align = (ctx.device.limits().min_uniform_buffer_offset_alignment as u64).max(16);
         let mut pdata = vec![0u8; align as usize * REGIONS];

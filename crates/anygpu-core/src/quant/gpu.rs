@@ -225,6 +225,54 @@ fn threads_per_row(units: usize, rows: usize) -> usize {
     tpr
 }
 
+/// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
+/// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and
+/// the output rows per workgroup (the kernel's RPW = 256 / tpr row slots, two per output row
+/// when paired). The dispatch and the rules that judge a product by its
+/// workgroup count (the prologues') take it from here, so they agree.
+#[derive(Clone, Copy)]
+struct MatvecLayout {
+    tpr: usize,
+    out_rows_per_group: usize,
+}
+
+impl MatvecLayout {
+    fn new(
+        op: &'static str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        epi: Epilogue<'_>,
+        forced: Option<usize>,
+    ) -> Result<MatvecLayout> {
+        let tpr = match forced {
+            Some(t) if t.is_power_of_two() && t <= WG => t,
+            Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
+            None => threads_per_row(matvec_units(ty, cols), rows),
+        };
+        Ok(if epi.paired() {
+            let tpr = tpr.min(WG / 2);
+            MatvecLayout { tpr, out_rows_per_group: WG / tpr / 2 }
+        } else {
+            MatvecLayout { tpr, out_rows_per_group: WG / tpr }
+        })
+    }
+
+    /// Workgroups per x row for `out_rows` output rows (pairs of W rows when paired).
+    fn groups(&self, out_rows: usize) -> usize {
+        out_rows.div_ceil(self.out_rows_per_group)
+    }
+}
+
+/// Output rows of a product of W's `rows` rows: half when the epilogue pairs them.
+fn paired_out_rows(rows: usize, epi: Epilogue<'_>) -> usize {
+    if epi.paired() {
+        rows / 2
+    } else {
+        rows
+    }
+}
+
 /// A run of W rows bound on their own: `rows` rows from `r0`, bound at byte `bind_off` of the
 /// weight buffer for `bind_len` bytes; row r0 starts `w_off` bytes into the binding.
 struct RowSlice {
@@ -809,7 +857,8 @@ pub(crate) fn qmatvec_fused(
     // 33 + 9 µs as a plain product after an rms_norm dispatch (decode GPU time per token
     // 1.049 -> 1.035 ms, H100).
     let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
-    let groups = w.rows().div_ceil(WG / threads_per_row(matvec_units(w.ggml_type(), w.cols()), w.rows()));
+    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, opts.threads_per_row)?;
+    let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if norm.is_some()
         && (w.cols() > NORM_PROLOGUE_MAX_COLS
             || staged > ctx.caps.max_compute_workgroup_storage_size as u64
@@ -864,10 +913,10 @@ fn combine_fits(w: &QTensor, pa: &AttentionPartials, ctx: &GpuContext, epi: Epil
         return false;
     }
     // Workgroups of the product (per x row: see qmatmul_with), each reading its row's partials.
-    let tpr = opts.threads_per_row.unwrap_or_else(|| threads_per_row(matvec_units(w.ggml_type(), cols), rows));
-    let rpw = if epi.paired() { (WG / tpr.clamp(1, WG / 2)) / 2 } else { WG / tpr.clamp(1, WG) };
-    let out_rows = if epi.paired() { rows / 2 } else { rows };
-    let groups = out_rows.div_ceil(rpw.max(1));
+    let Ok(layout) = MatvecLayout::new("qmatmul", w.ggml_type(), rows, cols, epi, opts.threads_per_row) else {
+        return false; // the dispatch reports the bad option
+    };
+    let groups = layout.groups(paired_out_rows(rows, epi));
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
 }
@@ -1042,14 +1091,9 @@ fn qmatmul_with(
     u(n.checked_mul(rows.max(cols)).ok_or_else(|| Error::shape(OP, "size overflows"))?)?;
 
     let name = wgsl_name(ty);
-    let tpr = match opts.threads_per_row {
-        Some(t) if t.is_power_of_two() && t <= WG => t,
-        Some(t) => return Err(Error::shape(OP, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-        None => threads_per_row(matvec_units(ty, cols), rows),
-    };
-
     // GLU and RopeKv pair two row slots per output row.
-    let tpr = if epi.paired() { tpr.min(WG / 2) } else { tpr };
+    let layout = MatvecLayout::new(OP, ty, rows, cols, epi, opts.threads_per_row)?;
+    let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
             format!("qmatvec_{name}_t{tpr}{}{}", epi.name(), pro.name()),
@@ -1151,13 +1195,13 @@ fn qmatmul_with(
             let x_off = u(x_delta as usize / x_unit)?;
             match kernel {
                 QKernel::Matvec => {
-                    let (rpw, slice_rows) = match epi {
-                        Epilogue::Glu => (WG / tpr / 2, out_rows),
+                    let slice_rows = match epi {
+                        Epilogue::Glu => out_rows,
                         // Rope pairs (one slice: see qmatvec_fused).
-                        Epilogue::RopeKv(_) => (WG / tpr / 2, rows / 2),
-                        _ => (WG / tpr, s.rows),
+                        Epilogue::RopeKv(_) => rows / 2,
+                        _ => s.rows,
                     };
-                    let groups = slice_rows.div_ceil(rpw);
+                    let groups = layout.groups(slice_rows);
                     let params = MatvecParams {
                         rows: u(slice_rows)?,
                         cols: u(cols)?,

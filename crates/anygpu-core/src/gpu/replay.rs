@@ -111,8 +111,10 @@ pub fn next_run_steps(steps: usize) -> usize {
     (2 * steps).clamp(1, MAX_STEPS_PER_RUN)
 }
 
-/// Results regions: one per step of a run, for each of the two runs that may be in flight.
-const REGIONS: usize = 2 * MAX_STEPS_PER_RUN;
+/// Results regions: one per step of a run. Both runs that may be in flight use the same ones,
+/// as they use the same params regions: the queue runs a run's copies into them after the run
+/// before has copied them out to its read-back buffer.
+const REGIONS: usize = MAX_STEPS_PER_RUN;
 
 /// Where each step's output goes within a run: the copy dispatch after each step (same pass)
 /// and the buffer it fills, for one output buffer and read length.
@@ -401,14 +403,14 @@ impl Replay {
         self.last
     }
 
-    /// Records `steps` replayed steps of slot `slot` in one compute pass, each followed by the
+    /// Records `steps` replayed steps in one compute pass, each followed by the
     /// copy of its output into its region of the results buffer; then the copy of those
     /// `steps` x `read_len` bytes into `staging` and the two timestamps (start and end of the
     /// pass) at `ts_at`, and finishes the command buffer. This is the host's main cost per run
     /// (wgpu validates and translates the pass in `finish`: ~3 µs per dispatch on the H100
     /// machine), which is why `submit_steps` does it for the next run while the GPU works on
     /// this one.
-    fn encode(&self, slot: usize, steps: usize, staging: &wgpu::Buffer, ts_at: u64) -> wgpu::CommandBuffer {
+    fn encode(&self, steps: usize, staging: &wgpu::Buffer, ts_at: u64) -> wgpu::CommandBuffer {
         let ctx = &self.ctx;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
@@ -432,14 +434,13 @@ impl Replay {
                 }
                 if let Some(r) = &self.results {
                     pass.set_pipeline(&r.pipeline);
-                    pass.set_bind_group(0, &r.bind_groups[slot * MAX_STEPS_PER_RUN + j], &[]);
+                    pass.set_bind_group(0, &r.bind_groups[j], &[]);
                     pass.dispatch_workgroups(r.workgroups[0], r.workgroups[1], r.workgroups[2]);
                 }
             }
         }
         if let Some(r) = &self.results {
-            let first = (slot * MAX_STEPS_PER_RUN) as u64 * r.read_len;
-            enc.copy_buffer_to_buffer(&r.buffer, first, staging, 0, steps as u64 * r.read_len);
+            enc.copy_buffer_to_buffer(&r.buffer, 0, staging, 0, steps as u64 * r.read_len);
         }
         if let Some((set, resolve)) = &self.timing {
             enc.resolve_query_set(set, 0..2, resolve, 0);
@@ -663,7 +664,7 @@ impl Replay {
             _ => {
                 let slot = self.next_slot;
                 let staging = self.staging(slot, ts_at + 16);
-                (self.encode(slot, steps, &staging, ts_at), slot)
+                (self.encode(steps, &staging, ts_at), slot)
             }
         };
         let mut pending = ctx.lock(OP)?;
@@ -692,7 +693,7 @@ impl Replay {
         self.next_slot = other;
         let next_staging = self.staging(other, ts_at + 16);
         let next_steps = next_run_steps(steps);
-        let cb = self.encode(other, next_steps, &next_staging, ts_at);
+        let cb = self.encode(next_steps, &next_staging, ts_at);
         self.prepared = Some((cb, other, next_steps));
         Ok(Ticket { slot, steps, index, read_len, ts_at, t0, encode_s, submitted_s })
     }

@@ -53,7 +53,11 @@ impl SafetensorsFile {
         let path = path.as_ref().to_path_buf();
         let fail = |msg: String| Error::Format(format!("{}: {msg}", path.display()));
         let file = File::open(&path).map_err(|e| fail(e.to_string()))?;
-        let len = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+        let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
+        if meta.is_dir() {
+            return Err(fail("a directory, not a safetensors file".to_string()));
+        }
+        let len = meta.len();
         if len < 8 {
             return Err(fail(format!("the file is {len} bytes, too short for the 8-byte header length")));
         }

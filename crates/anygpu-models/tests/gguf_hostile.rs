@@ -176,3 +176,12 @@ fn errors_convert_to_core_format_errors() {
         other => panic!("expected Error::Format, got {other:?}"),
     }
 }
+
+#[test]
+fn a_directory_or_a_missing_path_is_an_error_saying_so() {
+    let err = GgufFile::open(dir()).expect_err("a directory is not a GGUF file").to_string();
+    assert!(err.contains("a directory, not a GGUF file"), "{err}");
+    let missing = dir().join("no_such_file.gguf");
+    let err = GgufFile::open(&missing).expect_err("missing").to_string();
+    assert!(err.contains("no_such_file.gguf"), "{err}");
+}

@@ -156,3 +156,9 @@ fn model_errors_name_the_tensor() {
         "{err}"
     );
 }
+
+#[test]
+fn a_directory_is_an_error_saying_so() {
+    let Err(err) = open_quietly(&dir()) else { panic!("a directory opened as a safetensors file") };
+    assert!(err.contains("a directory, not a safetensors file"), "{err}");
+}

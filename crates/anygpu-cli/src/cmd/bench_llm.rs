@@ -7,7 +7,7 @@ use anygpu_models::llama::Llama;
 use serde::Serialize;
 
 use super::llm::{describe, load, ModelArgs};
-use super::CliResult;
+use super::{CliError, CliResult};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,12 +109,18 @@ fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
+    if args.reps == 0 {
+        return Err(CliError::usage("--repetitions must be at least 1"));
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(CliError::usage("nothing to measure: -p (prompt tokens) and -n (generated tokens) are both 0"));
+    }
     let mut margs = args.model.clone();
     margs.ctx_size = Some(margs.ctx_size.unwrap_or(0).max(args.n_prompt.max(args.n_gen + 1)).max(1));
     let lm = load(device, &margs, args.json)?;
     let name = args.model.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let dev = describe(lm.model.device());
-    let reps = args.reps.max(1);
+    let reps = args.reps;
     let mut rows = Vec::new();
     // One untimed run of each compiles the pipelines and warms the pools (at the full prompt
     // length, as llama-bench's warm-up: the kernels' tile choices depend on the token count).

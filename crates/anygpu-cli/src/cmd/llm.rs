@@ -91,6 +91,12 @@ fn check_exists(path: &std::path::Path) -> CliResult<()> {
             path.display()
         )));
     }
+    if path.is_dir() {
+        return Err(CliError::usage(format!(
+            "{} is a directory: -m takes a .gguf file (e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf)",
+            path.display()
+        )));
+    }
     Ok(())
 }
 

@@ -79,7 +79,13 @@ impl GgufFile {
         let path = path.as_ref();
         let in_file = |e: GgufError| GgufError::File { path: path.to_owned(), source: Box::new(e) };
         let file = File::open(path).map_err(|e| in_file(e.into()))?;
-        let len = file.metadata().map_err(|e| in_file(e.into()))?.len();
+        let meta = file.metadata().map_err(|e| in_file(e.into()))?;
+        if meta.is_dir() {
+            // Mapping a directory fails with ENODEV ("No such device"), which says nothing.
+            let e = std::io::Error::new(std::io::ErrorKind::IsADirectory, "a directory, not a GGUF file");
+            return Err(in_file(e.into()));
+        }
+        let len = meta.len();
         let storage = if len == 0 {
             Storage::Owned(Vec::new())
         } else {

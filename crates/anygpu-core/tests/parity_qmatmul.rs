@@ -538,8 +538,9 @@ fn env_list(name: &str) -> Option<Vec<String>> {
 
 /// Decode and prefill throughput on the first GPU: GB/s of weights for n = 1 (the floor is the
 /// device's copy bandwidth), GFLOP/s for n = 512. `QBENCH_TYPES=Q4_0,Q4_K` picks types,
-/// `QBENCH_TPR=16,32,64` sweeps the matvec's invocations per row, `QBENCH_SMALLN=1` compares
-/// both kernels for n = 2..16.
+/// `QBENCH_TPR=16,32,64` sweeps the matvec's invocations per row, `QBENCH_SHAPES=2048x8192,...`
+/// replaces the decode shapes (rows x cols; the 1B model's: 3072x2048 Q|K|V, 2048x2048 wo,
+/// 16384x2048 gate|up, 2048x8192 down), `QBENCH_SMALLN=1` compares both kernels for n = 2..16.
 #[test]
 #[ignore]
 fn bench() {
@@ -557,11 +558,21 @@ fn bench() {
         }
     };
     let tprs = list("QBENCH_TPR");
+    let shapes: Vec<(usize, usize)> = match env_list("QBENCH_SHAPES") {
+        Some(v) => v
+            .iter()
+            .map(|s| {
+                let (r, c) = s.split_once('x').unwrap_or_else(|| panic!("QBENCH_SHAPES: {s} is not ROWSxCOLS"));
+                (r.parse().expect("rows"), c.parse().expect("cols"))
+            })
+            .collect(),
+        None => vec![(576, 1536), (4096, 4096), (14336, 4096), (32000, 4096)],
+    };
     for ty in TYPES {
         if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
             continue;
         }
-        for &(rows, cols) in &[(576usize, 1536usize), (4096, 4096), (14336, 4096), (32000, 4096)] {
+        for &(rows, cols) in &shapes {
             let bytes = random_weights(1, ty, rows, cols);
             let mb = bytes.len() as f64 / 1e6;
             let w = QTensor::from_vec(ty, rows, cols, bytes, d).unwrap();

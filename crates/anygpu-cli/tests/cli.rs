@@ -50,6 +50,7 @@ fn wrong_command_lines_exit_2_saying_what_is_wrong() {
     let m = smollm2();
     let m = s(&m);
     let models = root().join("models");
+    let readme = root().join("README.md");
     let cases: &[(&[&str], &str)] = &[
         (&["generate", "-m", "/nonexistent/model.gguf", "-p", "hi"], "does not exist"),
         (&["generate", "-m", s(&models), "-p", "hi"], "is a directory"),
@@ -59,6 +60,7 @@ fn wrong_command_lines_exit_2_saying_what_is_wrong() {
         (&["bench", "llm", "-m", m, "-p", "0", "-n", "0"], "nothing to measure"),
         (&["bench", "llm", "-m", m, "-r", "0"], "--repetitions must be at least 1"),
         (&["tokenize", "-m", m, "-f", "/nonexistent/text.txt"], "/nonexistent/text.txt"),
+        (&["perplexity", "-m", m, "-f", s(&readme), "-c", "1"], "--ctx-size of at least 2"),
         (&["frobnicate"], "unrecognized subcommand"),
     ];
     for (args, want) in cases {

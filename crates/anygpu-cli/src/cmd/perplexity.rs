@@ -23,6 +23,12 @@ pub struct Args {
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
+    // A chunk scores every token but its first from the ones before it: one token scores none.
+    if args.model.ctx_size.is_some_and(|c| c < 2) {
+        return Err(CliError::usage(
+            "perplexity needs --ctx-size of at least 2 (each chunk's first token is not scored)",
+        ));
+    }
     let text =
         std::fs::read_to_string(&args.file).map_err(|e| CliError::usage(format!("{}: {e}", args.file.display())))?;
     let lm = load(device, &args.model, args.json)?;

@@ -217,6 +217,27 @@ impl Bind<'_> {
     }
 }
 
+/// A kernel's bind group: its params (buffer, offset, size) at binding 0 when it has any, then
+/// `binds` (buffer, offset, size) at 1, 2, ... (the direct dispatch path and the replay's).
+pub(super) fn make_bind_group<'p, 'b>(
+    device: &wgpu::Device,
+    layout: &wgpu::BindGroupLayout,
+    label: &str,
+    params: Option<(&'p wgpu::Buffer, u64, u64)>,
+    binds: impl IntoIterator<Item = (&'b wgpu::Buffer, u64, u64)>,
+) -> wgpu::BindGroup {
+    fn entry(binding: u32, (buffer, offset, size): (&wgpu::Buffer, u64, u64)) -> wgpu::BindGroupEntry<'_> {
+        let size = wgpu::BufferSize::new(size);
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size }),
+        }
+    }
+    let mut entries: Vec<wgpu::BindGroupEntry<'_>> = params.map(|p| entry(0, p)).into_iter().collect();
+    entries.extend(binds.into_iter().enumerate().map(|(i, b)| entry(i as u32 + 1, b)));
+    device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout, entries: &entries })
+}
+
 fn error_text(e: &wgpu::Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);
@@ -540,8 +561,7 @@ impl GpuContext {
         let slot = if params.is_empty() { None } else { Some(self.params_slot(&mut pending, params)?) };
         let ready = if pending.deferred.is_empty() { pipeline.try_get() } else { None };
         if let Some(p) = ready {
-            let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds.iter().map(Bind::range).collect();
-            self.encode_dispatch(&mut pending, &p?, op, slot, &binds, workgroups);
+            self.encode_dispatch(&mut pending, &p?, op, slot, binds.iter().map(Bind::range), workgroups);
         } else {
             pending.deferred.push_back(Deferred::Dispatch {
                 pipeline: pipeline.clone(),
@@ -566,41 +586,17 @@ impl GpuContext {
     }
 
     /// Encodes one dispatch into the open compute pass.
-    fn encode_dispatch(
+    fn encode_dispatch<'b>(
         &self,
         pending: &mut Pending,
         kernel: &Compiled,
         op: &str,
         params: Option<(u64, u64)>,
-        binds: &[(&wgpu::Buffer, u64, u64)],
+        binds: impl IntoIterator<Item = (&'b wgpu::Buffer, u64, u64)>,
         workgroups: [u32; 3],
     ) {
-        let mut entries = Vec::with_capacity(binds.len() + 1);
-        if let (Some((offset, size)), Some(buf)) = (params, pending.params.as_ref()) {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: buf,
-                    offset,
-                    size: wgpu::BufferSize::new(size),
-                }),
-            });
-        }
-        for (i, &(buffer, offset, size)) in binds.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer,
-                    offset,
-                    size: wgpu::BufferSize::new(size),
-                }),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(op),
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let params = params.zip(pending.params.as_ref()).map(|((offset, size), buf)| (buf, offset, size));
+        let bind_group = make_bind_group(&self.device, &kernel.layout, op, params, binds);
         if self.has_error() {
             return; // an invalid bind group would invalidate the whole batch; `check` reports it
         }
@@ -624,16 +620,13 @@ impl GpuContext {
             match d {
                 Deferred::Dispatch { pipeline, op, params, binds, workgroups } => match pipeline.get() {
                     Ok(p) => {
-                        let binds: Vec<(&wgpu::Buffer, u64, u64)> = binds.iter().map(|(b, o, s)| (b, *o, *s)).collect();
-                        self.encode_dispatch(pending, &p, &op, params, &binds, workgroups);
+                        let binds = binds.iter().map(|(b, o, s)| (b, *o, *s));
+                        self.encode_dispatch(pending, &p, &op, params, binds, workgroups);
                     }
                     Err(e) => self.set_error(format!("{op}: {e}")),
                 },
                 Deferred::Copy { src, dst, offset, len } => {
-                    pending.pass = None;
-                    let enc =
-                        pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-                    enc.copy_buffer_to_buffer(&src, 0, &dst, offset, len);
+                    self.open_encoder(pending).copy_buffer_to_buffer(&src, 0, &dst, offset, len);
                 }
             }
         }
@@ -700,6 +693,11 @@ impl GpuContext {
     /// The encoder, for commands other than dispatches: ends the open compute pass first.
     fn encoder_for_commands<'a>(&self, pending: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
         self.encode_deferred(pending, true);
+        self.open_encoder(pending)
+    }
+
+    /// The batch's encoder with no compute pass open (commands in the order they were issued).
+    fn open_encoder<'a>(&self, pending: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
         pending.pass = None;
         pending.encoder.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()))
     }

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use super::context::{owned_binds, Bind, GpuBuffer, GpuContext};
+use super::context::{make_bind_group, owned_binds, Bind, GpuBuffer, GpuContext};
 use super::kernel::{Compiled, Pipeline};
 use crate::error::{Error, Result};
 
@@ -347,32 +347,9 @@ impl Replay {
         for j in 0..MAX_STEPS_PER_RUN {
             let at = (j * self.params_len) as u64;
             for s in self.steps.iter_mut().filter(|s| s.region(j) == j) {
-                let mut entries = Vec::with_capacity(s.binds.len() + 1);
-                if let Some((off, size)) = s.params {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &self.params,
-                            offset: at + off,
-                            size: wgpu::BufferSize::new(size),
-                        }),
-                    });
-                }
-                for (i, (buf, off, size)) in s.binds.iter().enumerate() {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: i as u32 + 1,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: buf,
-                            offset: *off,
-                            size: wgpu::BufferSize::new(*size),
-                        }),
-                    });
-                }
-                let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(&s.op),
-                    layout: &s.layout,
-                    entries: &entries,
-                });
+                let params = s.params.map(|(off, size)| (&self.params, at + off, size));
+                let binds = s.binds.iter().map(|(b, o, size)| (b, *o, *size));
+                let bg = make_bind_group(device, &s.layout, &s.op, params, binds);
                 s.bind_groups[j] = Some(bg);
             }
         }
@@ -460,10 +437,9 @@ impl Replay {
             return Ok(());
         }
         let ctx = self.ctx.clone();
-        let pipeline = ctx
+        let Compiled { pipeline, layout } = ctx
             .pipeline(&super::KernelSpec::new("replay_copy", include_str!("replay_copy.wgsl"), "main"), &[])?
             .get()?;
-        let Compiled { pipeline, layout } = pipeline;
         let words = (read_len / 4) as u32;
         let align = (ctx.device.limits().min_uniform_buffer_offset_alignment as u64).max(16);
         let mut pdata = vec![0u8; align as usize * REGIONS];
@@ -481,29 +457,8 @@ impl Replay {
         });
         let bind_groups = (0..REGIONS as u64)
             .map(|r| {
-                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("replay copy"),
-                    layout: &layout,
-                    entries: &[
-                        wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &params,
-                                offset: r * align,
-                                size: wgpu::BufferSize::new(16),
-                            }),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 1,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: output,
-                                offset: 0,
-                                size: wgpu::BufferSize::new(read_len),
-                            }),
-                        },
-                        wgpu::BindGroupEntry { binding: 2, resource: buffer.as_entire_binding() },
-                    ],
-                })
+                let binds = [(output, 0, read_len), (&buffer, 0, buffer.size())];
+                make_bind_group(&ctx.device, &layout, "replay copy", Some((&params, r * align, 16)), binds)
             })
             .collect();
         let workgroups = ctx.grid_1d(words.div_ceil(64));

@@ -15,13 +15,14 @@
 //!
 //! # Design (matvec.wgsl), and what the H100 measurements taught
 //!
-//! 256 invocations per workgroup, `TPR` = 32 per row (fewer for short rows), 8 rows per
-//! workgroup. A work unit is one 4-byte quant word of a 32-weight block (4 units per block) or 16
-//! weights of a k-quant super-block (16 units per block), plus the block's scales; invocation t
-//! takes units t, t + TPR, ... four at a time (independent loads in flight), decodes them in
-//! registers and multiplies with x at once; the min / offset terms fold per group as
-//! d·Σq·x − m·Σx; partial sums meet in a workgroup tree. Byte lanes become floats through the
-//! exact `0x4B000000 | b` − 2^23 trick instead of int-to-float conversions (quarter rate).
+//! 256 invocations per workgroup, `TPR` = 32 per row (fewer for short rows, more for products
+//! of few rows: see `threads_per_row`), 8 rows per workgroup. A work unit is one 4-byte quant
+//! word of a 32-weight block (4 units per block) or 16 weights of a k-quant super-block (16
+//! units per block), plus the block's scales; invocation t takes units t, t + TPR, ... four at
+//! a time (independent loads in flight), decodes them in registers and multiplies with x at
+//! once; the min / offset terms fold per group as d·Σq·x − m·Σx; partial sums meet in a
+//! workgroup tree. Byte lanes become floats through the exact `0x4B000000 | b` − 2^23 trick
+//! instead of int-to-float conversions (quarter rate).
 //! Blocks whose size is not a multiple of 4 bytes (18, 22, 34, 110, 210) are read as words and
 //! funnel-shifted (common.wgsl). Earlier designs and why they lost (32000 x 4096, GPU time):
 //! - one whole block per invocation: neighbouring invocations read x 128-256 bytes apart, so
@@ -38,8 +39,11 @@
 //! 90 µs (1.10), Q4_1 78 µs (1.06), Q5_K 95 µs (0.95), Q5_0 100 µs (0.91), Q3_K 136 µs (0.41),
 //! Q2_K 105 µs (0.41). Same machine, PyTorch (CUDA events, no floor): torch.mv f16 on that
 //! matrix 100 µs (2.63 TB/s), copy 2.98 TB/s. Runs on different machines varied by up to 1.7x.
-//! The quantized kernels are bound by instructions per unit (addressing, scale extraction), not
-//! by DRAM; Q2_K / Q3_K, whose units do 4 scale extractions per word, most of all.
+//! Q2_K / Q3_K, whose units do 4 scale extractions per word, are bound by instructions. For
+//! the others, later H100 runs (BENCHMARKS.md, seventh session) point to loads in flight, not
+//! instructions: fewer instructions per weight (8-bit x and integer dot products) lost, more
+//! workgroups per product ([`MATVEC_MIN_GROUPS`]) won. The bench reads one matrix over and
+//! over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
 //! # Prefill (n > 1)
 //!
@@ -214,16 +218,23 @@ fn matvec_units(ty: GgmlType, cols: usize) -> usize {
 /// Measured on an H100 over 8..256 for every type: 32 was best or within a few percent for
 /// rows of 4096 weights and 4096 to 32000 rows. A matrix of few rows would then leave most of
 /// a large GPU idle (SmolLM2's 576 x 1536 down projection: 72 workgroups for 132 SMs), so the
-/// row's invocations double while that gives fewer than 256 workgroups and each invocation
-/// keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode step GPU time
-/// 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
+/// row's invocations double while that gives fewer than [`MATVEC_MIN_GROUPS`] workgroups and
+/// each invocation keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode
+/// step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
 fn threads_per_row(units: usize, rows: usize) -> usize {
     let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
-    while tpr < WG && rows.div_ceil(WG / tpr) < 256 && 2 * units >= 3 * (2 * tpr) {
+    while tpr < WG && rows.div_ceil(WG / tpr) < MATVEC_MIN_GROUPS && 2 * units >= 3 * (2 * tpr) {
         tpr *= 2;
     }
     tpr
 }
+
+/// The workgroup count below which [`threads_per_row`] spreads a row over more invocations:
+/// about a full H100 (132 SMs x 8 resident workgroups of 256), so that enough loads are in
+/// flight. H100, tg128 with 256 / 512 / 1024 / 2048 here (same binary, two runs each): 1B F16
+/// 605-607 / 630-633 / 669 / 656 tok/s (its 2048-row products: 256 -> 1024 workgroups); 8B
+/// Q4_0 203-204 / 203-204 / 202-211 / 208; 1B Q4_0 839 / 880 / 809 +- 48 (one run).
+const MATVEC_MIN_GROUPS: usize = 1024;
 
 /// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
 /// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and

@@ -75,8 +75,17 @@ fn hsum(v: vec4<f32>) -> f32 {
 // ---- plain float rows: 4 elements per unit, masked at the row end ----------------------------
 
 // @@ f32 f16 bf16
-// x[e..e+4] of the row starting at element xb, zero past the row end.
+// x[e..e+4] of the row starting at element xb, zero past the row end. X1_4: where every x row
+// starts on a 16-byte boundary and holds a multiple of 4 elements (x read from its binding),
+// the host makes this one 16-byte load, `x4[(xb + e) >> 2u]` (x4 views the same binding);
+// else `x1_4_scalar(xb, e)`. A warp's four scalar loads at a 16-byte stride each touch 512
+// bytes: four times the cache traffic of one vec4 load.
 fn x1_4(xb: u32, e: u32) -> vec4<f32> {
+    return {{X1_4}};
+}
+
+// @@ f32 f16 bf16
+fn x1_4_scalar(xb: u32, e: u32) -> vec4<f32> {
     let ok = vec4<u32>(e, e + 1u, e + 2u, e + 3u) < vec4<u32>(p.cols);
     return select(vec4<f32>(0.0), vec4<f32>(x1[xb + e], x1[xb + e + 1u], x1[xb + e + 2u], x1[xb + e + 3u]), ok);
 }

@@ -77,3 +77,61 @@ fn a_kernel_that_fails_to_compile_is_an_error_naming_it_and_the_device_goes_on()
         assert_eq!(x.neg().and_then(|y| y.to_vec_f32()).expect("after the error"), vec![-1.0, -2.0, -3.0]);
     }
 }
+
+/// Two threads asking for the same new kernels at the same moment, each then reading its
+/// result back (a read encodes the commands deferred behind a compiling kernel, under the
+/// device's lock): neither may wait forever, and each reads its own values. A watchdog turns a
+/// hang into a failure. The hang this guards against: on GL, kernels compile under that lock,
+/// and a kernel's entry used to become visible before the lock was taken; a thread preempted
+/// in between left the other holding the lock while it waited for that compile (two parity
+/// tests hung so on the 2-core machine). That window was microseconds wide: this test did not
+/// reproduce it against the old code in seven runs (nor with a megabyte-long source and
+/// spinning threads to force preemption); the fix holds by construction (GL entries appear
+/// only under the lock, see `GpuContext::pipeline`), and this checks the concurrent path.
+#[test]
+fn two_threads_compiling_the_same_kernels_do_not_deadlock() {
+    let _turn = one_at_a_time();
+    const ROUNDS: u32 = 48;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for d in anygpu_core::testing::gpu_devices() {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+        for t in 0..2 {
+            let (d, start, done) = (d.clone(), start.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                let ctx = d.gpu().expect("a GPU device").clone();
+                let result = (0..ROUNDS).try_for_each(|i| -> std::result::Result<(), String> {
+                    let src = format!(
+                        "@group(0) @binding(1) var<storage, read_write> o: array<f32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {{ o[g.x] = {i}.0; }}"
+                    );
+                    let src: &'static str = Box::leak(src.into_boxed_str());
+                    let out = Tensor::zeros([64], anygpu_core::DType::F32, &d).map_err(|e| e.to_string())?;
+                    let buf = out.gpu_buffer().expect("a GPU tensor");
+                    start.wait();
+                    let spec = anygpu_core::gpu::KernelSpec::new(format!("deadlock_probe_{i}"), src, "main");
+                    let got = ctx
+                        .pipeline(&spec, &[])
+                        .and_then(|p| {
+                            ctx.dispatch(&p, "deadlock probe", &[], &[anygpu_core::gpu::Bind::Whole(buf)], [1, 1, 1])
+                        })
+                        .and_then(|()| out.to_vec_f32())
+                        .map_err(|e| format!("round {i}: {e}"))?;
+                    match got.iter().all(|&v| v == i as f32) {
+                        true => Ok(()),
+                        false => Err(format!("round {i}: read {got:?}")),
+                    }
+                });
+                let _ = done.send((d.name(), t, result));
+            });
+        }
+    }
+    drop(done_tx);
+    let threads = 2 * anygpu_core::testing::gpu_devices().len();
+    for _ in 0..threads {
+        match done_rx.recv_timeout(std::time::Duration::from_secs(180)) {
+            Ok((name, t, Ok(()))) => eprintln!("{name}: thread {t} done"),
+            Ok((name, t, Err(e))) => panic!("{name}: thread {t}: {e}"),
+            Err(_) => panic!("two threads compiling the same kernels made no progress for 180 s: a deadlock"),
+        }
+    }
+}

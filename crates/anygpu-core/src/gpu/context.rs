@@ -341,8 +341,7 @@ impl GpuContext {
     /// kernels of a graph compile side by side.
     pub fn pipeline(&self, spec: &KernelSpec, replacements: &[(&str, &str)]) -> Result<Pipeline> {
         let key = PipelineKey::new(spec, replacements);
-        let (pipeline, created) = self.pipelines.get_or_create(&key, &spec.name);
-        if !created {
+        if let Some(pipeline) = self.pipelines.get(&key) {
             return Ok(pipeline);
         }
         let source = spec.source_text(replacements);
@@ -360,16 +359,27 @@ impl GpuContext {
             r
         };
         if self.info.backend == "gl" {
+            // GL compiles here, under the state lock, and the entry appears only while the lock
+            // is held: a thread that holds the lock while it waits for a kernel (encoding work
+            // deferred behind it) must never wait for a compile that waits for the lock. (Two
+            // tests on llvmpipe's GL hung so: the entry was published, then the lock awaited.)
             let _serial = self.lock("pipeline")?;
-            pipeline.finish(compile());
-        } else {
-            let worker = pipeline.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("anygpu-compile-{}", spec.name))
-                .spawn(move || worker.finish(compile()));
-            if let Err(e) = spawned {
-                pipeline.finish(Err(format!("could not start a compiler thread: {e}")));
+            let (pipeline, created) = self.pipelines.get_or_create(&key, &spec.name);
+            if created {
+                pipeline.finish(compile());
             }
+            return Ok(pipeline);
+        }
+        let (pipeline, created) = self.pipelines.get_or_create(&key, &spec.name);
+        if !created {
+            return Ok(pipeline);
+        }
+        let worker = pipeline.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("anygpu-compile-{}", spec.name))
+            .spawn(move || worker.finish(compile()));
+        if let Err(e) = spawned {
+            pipeline.finish(Err(format!("could not start a compiler thread: {e}")));
         }
         Ok(pipeline)
     }

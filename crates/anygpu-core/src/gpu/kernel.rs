@@ -167,6 +167,10 @@ impl PipelineCache {
         m.insert(key.clone(), p.clone());
         (p, true)
     }
+    /// The entry for `key` if there is one (compiled or compiling).
+    pub fn get(&self, key: &PipelineKey) -> Option<Pipeline> {
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+    }
     pub fn len(&self) -> usize {
         self.pipelines.lock().map(|m| m.len()).unwrap_or(0)
     }

@@ -426,14 +426,23 @@ impl Replay {
         enc.finish()
     }
 
+    /// Whether the results regions and their copy dispatches already serve the first
+    /// `read_len` bytes of `output` (none are needed when `read_len` is 0).
+    fn results_match(&self, output: &wgpu::Buffer, read_len: u64) -> bool {
+        match &self.results {
+            Some(r) => r.output == *output && r.read_len == read_len,
+            None => read_len == 0,
+        }
+    }
+
     /// The copy dispatches and results buffer for `read_len` bytes of `output` (made on first
     /// use, again when either changes; nothing may be in flight then).
     fn set_results(&mut self, output: &wgpu::Buffer, read_len: u64) -> Result<()> {
-        if read_len == 0 {
-            self.results = None;
+        if self.results_match(output, read_len) {
             return Ok(());
         }
-        if self.results.as_ref().is_some_and(|r| r.output == *output && r.read_len == read_len) {
+        if read_len == 0 {
+            self.results = None;
             return Ok(());
         }
         let ctx = self.ctx.clone();
@@ -594,8 +603,7 @@ impl Replay {
         let read_len = read_len.min(output.len).next_multiple_of(4);
         // The data of every step, then the two timestamps.
         let ts_at = (read_len * MAX_STEPS_PER_RUN as u64).next_multiple_of(8);
-        let same_output = self.results.as_ref().map(|r| (&r.output, r.read_len)) == Some((output.buffer(), read_len));
-        if self.staging_size != ts_at + 16 || !(same_output || read_len == 0 && self.results.is_none()) {
+        if self.staging_size != ts_at + 16 || !self.results_match(output.buffer(), read_len) {
             if self.in_flight > 0 {
                 return Err(Error::gpu(OP, "a run with another output or read-back size is still in flight"));
             }

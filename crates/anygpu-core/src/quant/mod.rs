@@ -16,6 +16,7 @@ mod dequant;
 pub mod fused;
 pub mod gpu;
 mod matvec;
+mod matvec_layout;
 mod q8;
 mod q8k;
 mod qtensor;

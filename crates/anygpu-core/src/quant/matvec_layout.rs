@@ -1,0 +1,88 @@
+//! How the matvec kernel (matvec.wgsl) lays out a product's rows: work units per row,
+//! invocations per row, output rows per workgroup. The dispatch (gpu.rs) and the rules that
+//! judge a product by its workgroup count (the RMSNorm and combine prologues') take them from
+//! here, so they agree.
+
+use super::gpu::{Epilogue, WG};
+use super::GgmlType;
+use crate::error::{Error, Result};
+
+/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl): 4 elements
+/// of the plain float types, one quant word of the 32-weight blocks (4 per block), 16 weights of
+/// the k-quants (16 per super-block).
+pub(super) fn matvec_units(ty: GgmlType, cols: usize) -> usize {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(4),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 8,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 16,
+    }
+}
+
+/// Invocations per row: 32 (one warp on NVIDIA), fewer for short rows (about four units each).
+/// Measured on an H100 over 8..256 for every type: 32 was best or within a few percent for
+/// rows of 4096 weights and 4096 to 32000 rows. A matrix of few rows would then leave most of
+/// a large GPU idle (SmolLM2's 576 x 1536 down projection: 72 workgroups for 132 SMs), so the
+/// row's invocations double while that gives fewer than [`MATVEC_MIN_GROUPS`] workgroups and
+/// each invocation keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode
+/// step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
+fn threads_per_row(units: usize, rows: usize) -> usize {
+    let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
+    while tpr < WG && rows.div_ceil(WG / tpr) < MATVEC_MIN_GROUPS && 2 * units >= 3 * (2 * tpr) {
+        tpr *= 2;
+    }
+    tpr
+}
+
+/// The workgroup count below which [`threads_per_row`] spreads a row over more invocations:
+/// about a full H100 (132 SMs x 8 resident workgroups of 256), so that enough loads are in
+/// flight. H100, tg128 with 256 / 512 / 1024 / 2048 here (same binary, two runs each): 1B F16
+/// 605-607 / 630-633 / 669 / 656 tok/s (its 2048-row products: 256 -> 1024 workgroups); 8B
+/// Q4_0 203-204 / 203-204 / 202-211 / 208; 1B Q4_0 839 / 880 / 809 +- 48 (one run).
+const MATVEC_MIN_GROUPS: usize = 1024;
+
+/// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
+/// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and
+/// the output rows per workgroup (the kernel's RPW = 256 / tpr row slots, two per output row
+/// when paired).
+#[derive(Clone, Copy)]
+pub(super) struct MatvecLayout {
+    pub tpr: usize,
+    pub out_rows_per_group: usize,
+}
+
+impl MatvecLayout {
+    pub fn new(
+        op: &'static str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        epi: Epilogue<'_>,
+        forced: Option<usize>,
+    ) -> Result<MatvecLayout> {
+        let tpr = match forced {
+            Some(t) if t.is_power_of_two() && t <= WG => t,
+            Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
+            None => threads_per_row(matvec_units(ty, cols), rows),
+        };
+        Ok(if epi.paired() {
+            let tpr = tpr.min(WG / 2);
+            MatvecLayout { tpr, out_rows_per_group: WG / tpr / 2 }
+        } else {
+            MatvecLayout { tpr, out_rows_per_group: WG / tpr }
+        })
+    }
+
+    /// Workgroups per x row for `out_rows` output rows (pairs of W rows when paired).
+    pub fn groups(&self, out_rows: usize) -> usize {
+        out_rows.div_ceil(self.out_rows_per_group)
+    }
+}
+
+/// Output rows of a product of W's `rows` rows: half when the epilogue pairs them.
+pub(super) fn paired_out_rows(rows: usize, epi: Epilogue<'_>) -> usize {
+    if epi.paired() {
+        rows / 2
+    } else {
+        rows
+    }
+}

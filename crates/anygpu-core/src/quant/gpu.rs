@@ -63,7 +63,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::matvec_layout::{matvec_units, paired_out_rows, MatvecLayout};
+use super::matvec_layout::{matvec_units, paired_out_rows, MatvecLayout, Staging};
 use super::{GgmlType, QStorage, QTensor};
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, GpuBuffer, GpuContext, KernelSpec};
@@ -492,6 +492,13 @@ pub(crate) enum Prologue<'a> {
 }
 
 impl Prologue<'_> {
+    fn staging(&self) -> Staging {
+        match self {
+            Prologue::None => Staging::None,
+            Prologue::RmsNorm(..) => Staging::RmsNorm,
+            Prologue::Combine(_) => Staging::Combine,
+        }
+    }
     fn name(&self) -> &'static str {
         match self {
             Prologue::None => "",
@@ -788,7 +795,8 @@ pub(crate) fn qmatvec_fused(
     // 33 + 9 µs as a plain product after an rms_norm dispatch (decode GPU time per token
     // 1.049 -> 1.035 ms, H100).
     let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
-    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, opts.threads_per_row)?;
+    let layout =
+        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, pro.staging(), opts.threads_per_row)?;
     let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if norm.is_some()
         && (w.cols() > NORM_PROLOGUE_MAX_COLS
@@ -844,7 +852,9 @@ fn combine_fits(w: &QTensor, pa: &AttentionPartials, ctx: &GpuContext, epi: Epil
         return false;
     }
     // Workgroups of the product (per x row: see qmatmul_with), each reading its row's partials.
-    let Ok(layout) = MatvecLayout::new("qmatmul", w.ggml_type(), rows, cols, epi, opts.threads_per_row) else {
+    let Ok(layout) =
+        MatvecLayout::new("qmatmul", w.ggml_type(), rows, cols, epi, Staging::Combine, opts.threads_per_row)
+    else {
         return false; // the dispatch reports the bad option
     };
     let groups = layout.groups(paired_out_rows(rows, epi));
@@ -1023,7 +1033,7 @@ fn qmatmul_with(
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
-    let layout = MatvecLayout::new(OP, ty, rows, cols, epi, opts.threads_per_row)?;
+    let layout = MatvecLayout::new(OP, ty, rows, cols, epi, pro.staging(), opts.threads_per_row)?;
     let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(

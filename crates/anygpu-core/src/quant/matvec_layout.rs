@@ -22,12 +22,13 @@ pub(super) fn matvec_units(ty: GgmlType, cols: usize) -> usize {
 /// Measured on an H100 over 8..256 for every type: 32 was best or within a few percent for
 /// rows of 4096 weights and 4096 to 32000 rows. A matrix of few rows would then leave most of
 /// a large GPU idle (SmolLM2's 576 x 1536 down projection: 72 workgroups for 132 SMs), so the
-/// row's invocations double while that gives fewer than [`MATVEC_MIN_GROUPS`] workgroups and
+/// row's invocations double while that gives fewer than `min_groups` workgroups (see
+/// [`min_groups`]) and
 /// each invocation keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode
 /// step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
-fn threads_per_row(units: usize, rows: usize) -> usize {
+fn threads_per_row(units: usize, rows: usize, min_groups: usize) -> usize {
     let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
-    while tpr < WG && rows.div_ceil(WG / tpr) < MATVEC_MIN_GROUPS && 2 * units >= 3 * (2 * tpr) {
+    while tpr < WG && rows.div_ceil(WG / tpr) < min_groups && 2 * units >= 3 * (2 * tpr) {
         tpr *= 2;
     }
     tpr
@@ -39,6 +40,31 @@ fn threads_per_row(units: usize, rows: usize) -> usize {
 /// 605-607 / 630-633 / 669 / 656 tok/s (its 2048-row products: 256 -> 1024 workgroups); 8B
 /// Q4_0 203-204 / 203-204 / 202-211 / 208; 1B Q4_0 839 / 880 / 809 +- 48 (one run).
 const MATVEC_MIN_GROUPS: usize = 1024;
+
+/// What a product stages before its rows (its prologue, see gpu.rs), which moves the workgroup
+/// threshold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Staging {
+    None,
+    RmsNorm,
+    Combine,
+}
+
+/// The workgroup threshold of [`threads_per_row`]. Quantized products with a prologue keep
+/// fewer workgroups: every workgroup stages x first, and their rows are short to read, so the
+/// staging outweighs the parallelism (and more workgroups would exceed the prologues' limits,
+/// leaving a separate rms_norm or attention_combine dispatch). H100, 1B Q4_0 tg128 (18:50,
+/// one binary): all at 1024 843.9 / 838.9; the combine prologue's products at 512 857.4; the
+/// RMSNorm prologue's at 256 892.5; both 909.5. The same for 1B F16: 689.0 / 689.3 -> 679.5
+/// (its longer rows want the workgroups), 8B Q4_0 (4096-wide rows: its norms run apart
+/// anyway) unchanged.
+fn min_groups(ty: GgmlType, staging: Staging) -> usize {
+    match (ty.is_quantized(), staging) {
+        (true, Staging::RmsNorm) => 256,
+        (true, Staging::Combine) => 512,
+        _ => MATVEC_MIN_GROUPS,
+    }
+}
 
 /// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
 /// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and
@@ -57,12 +83,13 @@ impl MatvecLayout {
         rows: usize,
         cols: usize,
         epi: Epilogue<'_>,
+        staging: Staging,
         forced: Option<usize>,
     ) -> Result<MatvecLayout> {
         let tpr = match forced {
             Some(t) if t.is_power_of_two() && t <= WG => t,
             Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-            None => threads_per_row(matvec_units(ty, cols), rows),
+            None => threads_per_row(matvec_units(ty, cols), rows, min_groups(ty, staging)),
         };
         Ok(if epi.paired() {
             let tpr = tpr.min(WG / 2);

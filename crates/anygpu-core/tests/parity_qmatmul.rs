@@ -162,10 +162,25 @@ fn qmatmul_shape_errors() {
 }
 
 /// Leading dims are kept, and views (an x starting mid-buffer, off the vec4 grid) are read
-/// from their offset.
+/// from their offset; for the float types also rows a multiple of 4 long starting 4 elements
+/// into their buffer (on the vec4 grid, not at its start: the 16-byte x loads of x1_4).
 #[test]
 fn qmatmul_views_and_batch_dims() {
     let _turn = one_at_a_time();
+    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+        let (rows, cols) = (9, 68);
+        let bytes = random_weights(12, ty, rows, cols);
+        parity(&format!("qmatmul aligned views {ty}"), atol_for(ty, &bytes, rows, cols), 1e-5, |d| {
+            let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?;
+            let mut all = Vec::new();
+            for n in [1usize, 3] {
+                let flat = Tensor::from_vec(rand_vec(5 + n as u64, n * cols + 4), [n * cols + 4], &Device::Cpu)?;
+                let x = flat.to_device(d)?.narrow(0, 4, n * cols)?.reshape([n, cols])?;
+                all.extend(w.qmatmul(&x)?.to_vec_f32()?);
+            }
+            Ok(all)
+        });
+    }
     for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
         let (rows, cols) = (9, ty.block_size().max(32) * 2 + if ty.is_quantized() { 0 } else { 3 });
         let bytes = random_weights(11, ty, rows, cols);

@@ -42,8 +42,8 @@
 //! Q2_K / Q3_K, whose units do 4 scale extractions per word, are bound by instructions. For
 //! the others, later H100 runs (BENCHMARKS.md, seventh session) point to loads in flight, not
 //! instructions: fewer instructions per weight (8-bit x and integer dot products) lost, more
-//! workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won. The bench reads one matrix over and
-//! over: its figures for matrices under 50 MB (the H100's L2) come from cache.
+//! workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won. The bench reads one
+//! matrix over and over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
 //! # Prefill (n > 1)
 //!
@@ -775,8 +775,12 @@ pub(crate) fn qmatvec_fused(
     if n == 0 || n > MATVEC_MAX_N || opts.kernel == Some(QKernel::Tiled) {
         return Ok(None);
     }
+    // Workgroups of the product per x row (see qmatmul_with): the prologues' rules judge by it.
+    let layout =
+        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, pro.staging(), opts.threads_per_row)?;
+    let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if let Prologue::Combine(pa) = pro {
-        if !combine_fits(w, pa, &ctx, epi, &opts) {
+        if !combine_fits(w, pa, &ctx, epi, &opts, groups) {
             return Ok(None);
         }
     }
@@ -795,9 +799,6 @@ pub(crate) fn qmatvec_fused(
     // 33 + 9 µs as a plain product after an rms_norm dispatch (decode GPU time per token
     // 1.049 -> 1.035 ms, H100).
     let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
-    let layout =
-        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, pro.staging(), opts.threads_per_row)?;
-    let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if norm.is_some()
         && (w.cols() > NORM_PROLOGUE_MAX_COLS
             || staged > ctx.caps.max_compute_workgroup_storage_size as u64
@@ -831,9 +832,17 @@ pub(crate) fn qmatvec_fused(
 /// H * D = cols and D a multiple of 4 (a vec4 of x in one head), the heads fit the workgroup
 /// (H <= 256), the merged row, the split weights and the reduction array fit in workgroup
 /// memory, x and the output fit one binding (one dispatch per row slice, no chunks over x
-/// rows), the epilogue is not the rope one (their params would collide), and the workgroups'
-/// re-reads of the partials stay within [`COMBINE_PROLOGUE_MAX_BYTES`].
-fn combine_fits(w: &QTensor, pa: &AttentionPartials, ctx: &GpuContext, epi: Epilogue<'_>, opts: &QOptions) -> bool {
+/// rows), the epilogue is not the rope one (their params would collide), and the re-reads of
+/// the partials by the product's `groups` workgroups per x row stay within
+/// [`COMBINE_PROLOGUE_MAX_BYTES`].
+fn combine_fits(
+    w: &QTensor,
+    pa: &AttentionPartials,
+    ctx: &GpuContext,
+    epi: Epilogue<'_>,
+    opts: &QOptions,
+    groups: usize,
+) -> bool {
     let [b, h, tq, d] = pa.shape;
     let (rows, cols, s) = (w.rows(), w.cols(), pa.n_splits);
     let n = b * tq;
@@ -851,13 +860,7 @@ fn combine_fits(w: &QTensor, pa: &AttentionPartials, ctx: &GpuContext, epi: Epil
     {
         return false;
     }
-    // Workgroups of the product (per x row: see qmatmul_with), each reading its row's partials.
-    let Ok(layout) =
-        MatvecLayout::new("qmatmul", w.ggml_type(), rows, cols, epi, Staging::Combine, opts.threads_per_row)
-    else {
-        return false; // the dispatch reports the bad option
-    };
-    let groups = layout.groups(paired_out_rows(rows, epi));
+    // Each workgroup reads its x row's partials.
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
 }

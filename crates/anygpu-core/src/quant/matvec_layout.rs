@@ -23,9 +23,9 @@ pub(super) fn matvec_units(ty: GgmlType, cols: usize) -> usize {
 /// rows of 4096 weights and 4096 to 32000 rows. A matrix of few rows would then leave most of
 /// a large GPU idle (SmolLM2's 576 x 1536 down projection: 72 workgroups for 132 SMs), so the
 /// row's invocations double while that gives fewer than `min_groups` workgroups (see
-/// [`min_groups`]) and
-/// each invocation keeps at least 1.5 units: that product 128 per row, 288 workgroups (decode
-/// step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained nothing).
+/// [`min_groups`]) and each invocation keeps at least 1.5 units: that product 128 per row, 288
+/// workgroups (decode step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained
+/// nothing).
 fn threads_per_row(units: usize, rows: usize, min_groups: usize) -> usize {
     let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
     while tpr < WG && rows.div_ceil(WG / tpr) < min_groups && 2 * units >= 3 * (2 * tpr) {
@@ -53,7 +53,7 @@ pub(super) enum Staging {
 /// The workgroup threshold of [`threads_per_row`]. Quantized products with a prologue keep
 /// fewer workgroups: every workgroup stages x first, and their rows are short to read, so the
 /// staging outweighs the parallelism (and more workgroups would exceed the prologues' limits,
-/// leaving a separate rms_norm or attention_combine dispatch). H100, 1B Q4_0 tg128 (18:50,
+/// leaving a separate rms_norm or attention_combine dispatch). H100, 1B Q4_0 tg128 (19:50,
 /// one binary): all at 1024 843.9 / 838.9; the combine prologue's products at 512 857.4; the
 /// RMSNorm prologue's at 256 892.5; both 909.5. The same for 1B F16: 689.0 / 689.3 -> 679.5
 /// (its longer rows want the workgroups), 8B Q4_0 (4096-wide rows: its norms run apart

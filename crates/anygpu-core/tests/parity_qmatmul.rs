@@ -354,6 +354,66 @@ fn fused_products_match_composition() {
     }
 }
 
+/// The Q8 matvec (x rounded to 8-bit blocks on the GPU, integer dot products) against the CPU's
+/// Q8 products (q8.rs, the same rounding; weights marked `CpuMath::Q8`, as model loaders mark
+/// them), for the five 32-weight block types: odd row counts, 1 and 3 x rows, an x view that
+/// starts mid-buffer; plain and GLU products forced onto it (`x_q8: Some(true)`), and, on rows
+/// wider than the RMSNorm prologue takes (14336: the 8B down projection's width), the fused
+/// `qmatmul_rms` / `qmatmul_glu_rms`, which take it by themselves with the norm in the rounding
+/// dispatch. On the GPU the Q8 result must differ from the exact one (the path is taken), and
+/// `x_q8: Some(false)` must give the exact one.
+#[test]
+fn q8_matvec_matches_cpu_q8() {
+    use anygpu_core::quant::CpuMath;
+    let _turn = one_at_a_time();
+    let q8 = QOptions { x_q8: Some(true), ..Default::default() };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for (rows, cols) in [(37usize, 96usize), (10, 14336), (258, 64)] {
+            let bytes = random_weights(300 + rows as u64, ty, rows, cols);
+            // Both sides round x alike; a last-bit difference in x can still move one byte.
+            let atol = 4.0 * atol_for(ty, &bytes, rows, cols) + 0.02;
+            let name = format!("q8 matvec {ty} [{rows}, {cols}]");
+            let run = |d: &Device| -> Result<Vec<f32>> {
+                let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?.with_cpu_math(CpuMath::Q8);
+                let g = Tensor::from_vec(rand_vec(301, cols), [cols], &Device::Cpu)?.to_device(d)?;
+                let norm = RmsNorm { weight: &g, eps: 1e-5 };
+                let mut all = Vec::new();
+                for n in [1usize, 3] {
+                    let x = upload_x(302 + n as u64, n, cols, d)?;
+                    all.extend(if d.is_cpu() { w.qmatmul(&x)? } else { qmatmul_opts(&w, &x, q8)? }.to_vec_f32()?);
+                    if rows % 2 == 0 {
+                        all.extend(w.qmatmul_glu_opts(&x, None, q8)?.to_vec_f32()?);
+                    }
+                    if cols > NORM_PROLOGUE_MAX_COLS {
+                        all.extend(w.qmatmul_rms(&x, norm)?.to_vec_f32()?);
+                        if rows % 2 == 0 {
+                            all.extend(w.qmatmul_glu_rms(&x, norm)?.to_vec_f32()?);
+                        }
+                    }
+                }
+                // Row 1 of a 3-row x: a view 1 row into its buffer.
+                let x = upload_x(306, 3, cols, d)?.narrow(0, 1, 1)?;
+                all.extend(if d.is_cpu() { w.qmatmul(&x)? } else { qmatmul_opts(&w, &x, q8)? }.to_vec_f32()?);
+                if !d.is_cpu() {
+                    let x = upload_x(303, 1, cols, d)?;
+                    let exact_opts = QOptions { x_q8: Some(false), ..Default::default() };
+                    let got = qmatmul_opts(&w, &x, q8)?.to_vec_f32()?;
+                    let forced = qmatmul_opts(&w, &x, exact_opts)?.to_vec_f32()?;
+                    let exact = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?.qmatmul(&x)?.to_vec_f32()?;
+                    assert!(got.iter().zip(&exact).any(|(a, b)| a != b), "{name}: the Q8 path gave the exact result");
+                    assert_eq!(forced, exact, "{name}: x_q8 Some(false) is not the exact path");
+                }
+                Ok(all)
+            };
+            let want = run(&Device::Cpu).unwrap_or_else(|e| panic!("{name}: CPU reference failed: {e}"));
+            for d in gpu_devices().iter() {
+                let got = run(d).unwrap_or_else(|e| panic!("{name} on {}: {e}", d.name()));
+                check_close(&name, &got, &want, atol, 1e-3).unwrap_or_else(|m| panic!("{m} on {}", d.name()));
+            }
+        }
+    }
+}
+
 /// The rope + KV-cache store epilogue (`qmatmul_rms_rope_kv`: RMSNorm, Q|K|V product, bias, rope
 /// of Q and K, K and V into the caches) against its composition (`qmatmul_rms`, the bias add,
 /// `rope_qkv_store`) run on the same device, both against the CPU's composition: Q and both
@@ -374,6 +434,8 @@ fn rope_kv_epilogue_matches_composition() {
         (GgmlType::Q4K, 256, 2, 1, 16, 0, true, false, false),
         (GgmlType::F16, 97, 5, 1, 10, 6, true, false, true),
         (GgmlType::Q8_0, NORM_PROLOGUE_MAX_COLS + 64, 1, 1, 8, 0, false, false, true),
+        // Marked for Q8 math below: the wide row's product rounds x to 8-bit blocks.
+        (GgmlType::Q4_0, NORM_PROLOGUE_MAX_COLS + 64, 3, 1, 16, 0, true, false, true),
     ];
     for (ci, (ty, cols, h, hkv, d, rd, neox, ff, with_bias)) in cases.into_iter().enumerate() {
         let rows = (h + 2 * hkv) * d;
@@ -386,10 +448,13 @@ fn rope_kv_epilogue_matches_composition() {
             freq_factors: ff.then(|| (0..rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect()),
         };
         let wb = random_weights(90 + ci as u64, ty, rows, cols);
-        let atol = 4.0 * atol_for(ty, &wb, rows, cols) + 1e-5;
-        let name = format!("rope_kv {ty} cols {cols} H{h} Hkv{hkv} D{d} rd{rd} neox{neox} ff{ff} bias{with_bias}");
+        let q8 = ci == cases.len() - 1;
+        let atol = 4.0 * atol_for(ty, &wb, rows, cols) + if q8 { 0.02 } else { 1e-5 };
+        let name =
+            format!("rope_kv {ty} cols {cols} H{h} Hkv{hkv} D{d} rd{rd} neox{neox} ff{ff} bias{with_bias} q8 {q8}");
         parity(&name, atol, 1e-4, |dev| {
-            let w = QTensor::from_vec(ty, rows, cols, wb.clone(), dev)?;
+            let math = if q8 { anygpu_core::quant::CpuMath::Q8 } else { Default::default() };
+            let w = QTensor::from_vec(ty, rows, cols, wb.clone(), dev)?.with_cpu_math(math);
             let g = Tensor::from_vec(rand_vec(91, cols), [cols], &Device::Cpu)?.to_device(dev)?;
             let norm = RmsNorm { weight: &g, eps: 1e-5 };
             let bias = match with_bias {
@@ -405,6 +470,11 @@ fn rope_kv_epilogue_matches_composition() {
             };
             let mut all = Vec::new();
             for (t, start_pos) in [(1usize, 5usize), (3, 11), (17, 2)] {
+                // 17 tokens take the prefill kernels, which do not round x to 8 bits as the
+                // CPU's Q8 path does.
+                if q8 && t > 3 {
+                    continue;
+                }
                 let x = upload_x(93 + t as u64, t, cols, dev)?;
                 let (mut kc, mut vc) = (cache(94)?, cache(95)?);
                 let kv = RopeKvStore { rope: &opts, heads: (h, hkv, d), start_pos, k_cache: &mut kc, v_cache: &mut vc };
@@ -425,7 +495,8 @@ fn rope_kv_epilogue_matches_composition() {
                 all.extend(vc.to_vec_f32()?);
 
                 if let (Some(ctx), 1) = (dev.gpu(), t) {
-                    // Decode is one dispatch (two when the row is too wide for the prologue).
+                    // Decode is one dispatch (two when the row is too wide for the prologue: the
+                    // norm, or the norm and the rounding of x to 8 bits, runs first).
                     let (mut kc, mut vc) = (cache(94)?, cache(95)?);
                     let kv =
                         RopeKvStore { rope: &opts, heads: (h, hkv, d), start_pos, k_cache: &mut kc, v_cache: &mut vc };
@@ -555,7 +626,9 @@ fn env_list(name: &str) -> Option<Vec<String>> {
 /// device's copy bandwidth), GFLOP/s for n = 512. `QBENCH_TYPES=Q4_0,Q4_K` picks types,
 /// `QBENCH_TPR=16,32,64` sweeps the matvec's invocations per row, `QBENCH_SHAPES=2048x8192,...`
 /// replaces the decode shapes (rows x cols; the 1B model's: 3072x2048 Q|K|V, 2048x2048 wo,
-/// 16384x2048 gate|up, 2048x8192 down), `QBENCH_SMALLN=1` compares both kernels for n = 2..16.
+/// 16384x2048 gate|up, 2048x8192 down), `QBENCH_Q8=0,1` compares the exact and the Q8 matvec
+/// (x rounded to 8-bit blocks; the bench's weights ask for neither, so `auto` is exact),
+/// `QBENCH_SMALLN=1` compares both kernels for n = 2..16.
 #[test]
 #[ignore]
 fn bench() {
@@ -573,6 +646,7 @@ fn bench() {
         }
     };
     let tprs = list("QBENCH_TPR");
+    let q8s = list("QBENCH_Q8");
     let shapes: Vec<(usize, usize)> = match env_list("QBENCH_SHAPES") {
         Some(v) => v
             .iter()
@@ -593,14 +667,17 @@ fn bench() {
             let w = QTensor::from_vec(ty, rows, cols, bytes, d).unwrap();
             let x = upload_x(2, 1, cols, d).unwrap();
             for &tpr in &tprs {
-                let opts = QOptions { threads_per_row: tpr, ..Default::default() };
-                let (host, gpu) = time_us(d, 200, || qmatmul_opts(&w, &x, opts));
-                eprintln!(
-                    "decode  {:5} [{rows:5}, {cols}] tpr {:>4} {mb:8.2} MB  gpu {gpu:7.1} us {:6.0} GB/s  host {host:5.1} us",
-                    ty.name(),
-                    tpr.map_or("auto".to_string(), |t| t.to_string()),
-                    mb * 1e3 / gpu
-                );
+                for &q8 in &q8s {
+                    let opts = QOptions { threads_per_row: tpr, x_q8: q8.map(|v| v == 1), ..Default::default() };
+                    let (host, gpu) = time_us(d, 200, || qmatmul_opts(&w, &x, opts));
+                    eprintln!(
+                        "decode  {:5} [{rows:5}, {cols}] tpr {:>4} q8 {:>4} {mb:8.2} MB  gpu {gpu:7.1} us {:6.0} GB/s  host {host:5.1} us",
+                        ty.name(),
+                        tpr.map_or("auto".to_string(), |t| t.to_string()),
+                        q8.map_or("auto".to_string(), |t| t.to_string()),
+                        mb * 1e3 / gpu
+                    );
+                }
             }
         }
         let (rows, cols) = (4096usize, 4096usize);

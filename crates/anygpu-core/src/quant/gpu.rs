@@ -45,6 +45,11 @@
 //! workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won. The bench reads one
 //! matrix over and over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
+//! Where x is normalised outside the kernel anyway, the 32-weight block types take x rounded to
+//! 8-bit blocks in that dispatch and use integer dot products (matvec_q8.wgsl, `x_q8`): their
+//! f32 x loads (two vec4 per unit, eight cache lines per warp load) had cost more than their
+//! weight loads.
+//!
 //! # Prefill (n > 1)
 //!
 //! matmul.wgsl: 64 x 64 output tiles, K in steps of 32; each step dequantizes the W tile into
@@ -64,7 +69,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::matvec_layout::{matvec_units, paired_out_rows, MatvecLayout, Staging};
-use super::{GgmlType, QStorage, QTensor};
+use super::{CpuMath, GgmlType, QStorage, QTensor};
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, GpuBuffer, GpuContext, KernelSpec};
 use crate::ops::attention::AttentionPartials;
@@ -76,6 +81,8 @@ pub(super) const COMMON_WGSL: &str = include_str!("common.wgsl");
 const MATVEC_WGSL: &str = include_str!("matvec.wgsl");
 const MATVEC_ROPE_WGSL: &str = include_str!("matvec_rope.wgsl");
 const MATVEC_COMBINE_WGSL: &str = include_str!("matvec_combine.wgsl");
+const MATVEC_Q8_WGSL: &str = include_str!("matvec_q8.wgsl");
+const QUANTIZE_Q8_WGSL: &str = include_str!("quantize_q8.wgsl");
 const MATMUL_WGSL: &str = include_str!("matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("gather.wgsl");
 
@@ -183,6 +190,10 @@ pub struct QOptions {
     /// Invocations per row of the matvec kernel (a power of two up to 256), for tuning;
     /// chosen from the row length when `None`.
     pub threads_per_row: Option<usize>,
+    /// Whether the matvec rounds x to 8-bit blocks first (matvec_q8.wgsl; the 32-weight block
+    /// types): `Some(true)` forces it, `Some(false)` never; `None`: where a matrix marked
+    /// [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this module).
+    pub x_q8: Option<bool>,
 }
 
 /// The WGSL suffix of a type's functions (`mv_q4_0`, `deq8_q4_0`).
@@ -282,7 +293,10 @@ struct MatvecParams {
     n: u32,
     r_off: u32,
     eps: f32,
-    _pad: [u32; 3],
+    _pad0: u32,
+    /// Q8 x: the word of x row 0's block scales (matvec_q8.wgsl).
+    xd_off: u32,
+    _pad2: u32,
 }
 
 #[repr(C)]
@@ -334,27 +348,34 @@ enum Source {
     Matvec = 0,
     Matmul = 1,
     Gather = 2,
+    /// The matvec with Q8 x (matvec_q8.wgsl's unit functions).
+    MatvecQ8 = 3,
 }
 
 /// The WGSL of one kernel for one type: common.wgsl and the kernel's file with that type's
 /// sections only, and the forwarding function the entry point calls. Built once per
-/// (kernel, type) and kept for the life of the process (39 strings at most), so the pipeline
+/// (kernel, type) and kept for the life of the process (52 strings at most), so the pipeline
 /// cache can key on a `&'static str` as it does for the other kernels.
 fn type_source(kind: Source, ty: GgmlType) -> &'static str {
-    static SOURCES: [[OnceLock<&'static str>; 13]; 3] = [const { [const { OnceLock::new() }; 13] }; 3];
+    static SOURCES: [[OnceLock<&'static str>; 13]; 4] = [const { [const { OnceLock::new() }; 13] }; 4];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
     SOURCES[kind as usize][ti].get_or_init(|| {
         let name = wgsl_name(ty);
         let (file, forward) = match kind {
-            Source::Matvec => {
-                (MATVEC_WGSL, format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"))
-            }
+            Source::Matvec => (
+                MATVEC_WGSL.to_string(),
+                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"),
+            ),
+            Source::MatvecQ8 => (
+                format!("{MATVEC_WGSL}\n{MATVEC_Q8_WGSL}"),
+                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}_q8(rb, u, xb); }}"),
+            ),
             Source::Matmul | Source::Gather => (
-                if matches!(kind, Source::Matmul) { MATMUL_WGSL } else { GATHER_WGSL },
+                if matches!(kind, Source::Matmul) { MATMUL_WGSL } else { GATHER_WGSL }.to_string(),
                 format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}"),
             ),
         };
-        let text = format!("{}\n{}\n{forward}\n", keep_sections(COMMON_WGSL, name), keep_sections(file, name));
+        let text = format!("{}\n{}\n{forward}\n", keep_sections(COMMON_WGSL, name), keep_sections(&file, name));
         Box::leak(text.into_boxed_str())
     })
 }
@@ -469,11 +490,12 @@ fn rope_kv_decl(norm: bool, ff: bool, bias: bool) -> &'static str {
 
 /// The matvec source of `ty` with the rope epilogue's functions and the rope angle math
 /// appended (static per type, as [`type_source`]).
-fn rope_source(ty: GgmlType) -> &'static str {
-    static SOURCES: [OnceLock<&'static str>; 13] = [const { OnceLock::new() }; 13];
+fn rope_source(ty: GgmlType, q8: bool) -> &'static str {
+    static SOURCES: [[OnceLock<&'static str>; 13]; 2] = [const { [const { OnceLock::new() }; 13] }; 2];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
-    SOURCES[ti].get_or_init(|| {
-        let text = format!("{}\n{MATVEC_ROPE_WGSL}\n{ROPE_MATH_WGSL}\n", type_source(Source::Matvec, ty));
+    SOURCES[q8 as usize][ti].get_or_init(|| {
+        let base = type_source(if q8 { Source::MatvecQ8 } else { Source::Matvec }, ty);
+        let text = format!("{base}\n{MATVEC_ROPE_WGSL}\n{ROPE_MATH_WGSL}\n");
         Box::leak(text.into_boxed_str())
     })
 }
@@ -623,7 +645,22 @@ macro_rules! prefetched {
     };
 }
 
-fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool) -> [(&'static str, &'static str); 3] {
+fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -> [(&'static str, &'static str); 3] {
+    if q8 {
+        // x as 8-bit blocks (quantize_q8.wgsl), XB in words.
+        return [
+            // x4 / x1 for the f32-x unit functions, which stay in the source unused (naga takes
+            // several views of one binding when an entry point uses one).
+            (
+                "X_DECL",
+                "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
+                 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
+                 @group(0) @binding(2) var<storage, read> x1: array<f32>;",
+            ),
+            ("PROLOGUE", ""),
+            ("XB", "p.x_off + xr * p.x_stride"),
+        ];
+    }
     if combine {
         // The partials in x's binding; the per-split weights and the merged row in workgroup
         // memory (XN vec4 units for the quantized types, elements otherwise: H * D, a multiple
@@ -757,6 +794,19 @@ pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Resu
 /// fits in workgroup memory; `Combine` merges x [B * Tq, H * D] from attention partials (then x
 /// is not read: pass the partials' tensor), when they are small enough for every workgroup to
 /// re-read (see [`COMBINE_PROLOGUE_MAX_BYTES`]).
+/// Whether products of `w` may round x to 8-bit blocks and use integer dot products
+/// (matvec_q8.wgsl): where the matrix asks for it ([`CpuMath::Q8`], as model loaders mark their
+/// weights; the CPU's products then round alike) unless `opts` says no, for the 32-weight block
+/// types. The GPU takes it where x is RMS-normalised before the product and the matvec's
+/// RMSNorm prologue does not fit (4096-wide rows and output heads): the rounding then rides in
+/// the norm's dispatch. H100, tg128: 8B Q4_0 209.3 / 210.9 -> 231.1 / 230.8 tok/s (its Q|K|V and
+/// gate|up products, the head), 1B Q4_0 887 -> 975 (its head). A rounding dispatch of its own
+/// before every product instead (390 dispatches per token, not 261) lost: 210 -> 192 (for wo and
+/// down the dispatch costs more than the product saves).
+pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
+    opts.x_q8.unwrap_or(w.cpu_math() == CpuMath::Q8) && super::q8::supports(w.ggml_type())
+}
+
 pub(crate) fn qmatvec_fused(
     w: &QTensor,
     x: &Tensor,
@@ -798,13 +848,19 @@ pub(crate) fn qmatvec_fused(
     // workgroups) took 45 µs with the prologue (each workgroup reads and reduces x first),
     // 33 + 9 µs as a plain product after an rms_norm dispatch (decode GPU time per token
     // 1.049 -> 1.035 ms, H100).
+    // Where the prologue does not fit, a matrix that takes Q8 x (`x_q8`) has the norm and the
+    // rounding to 8 bits in one dispatch before the product instead of a separate rms_norm.
     let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
+    let mut opts = opts;
     if norm.is_some()
         && (w.cols() > NORM_PROLOGUE_MAX_COLS
             || staged > ctx.caps.max_compute_workgroup_storage_size as u64
             || groups > NORM_PROLOGUE_MAX_GROUPS)
     {
-        return Ok(None);
+        if !x_q8(w, &opts) {
+            return Ok(None);
+        }
+        opts.x_q8 = Some(true);
     }
     // Paired rows must sit in one binding.
     if epi.paired() && row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len() > 1 {
@@ -948,6 +1004,77 @@ impl<'a> RopeKvBinds<'a> {
     }
 }
 
+/// The RMSNorm weight `g` of rows of `cols` elements, checked (f32, on x's device) and contiguous.
+fn norm_weight(op: &'static str, g: &Tensor, cols: usize, x: &Tensor) -> Result<Tensor> {
+    if g.numel() != cols || g.dtype() != DType::F32 || !g.device().same(x.device()) {
+        return Err(Error::shape(op, format!("norm weight {} does not match {cols} columns", g.shape())));
+    }
+    g.contiguous()
+}
+
+/// The binding of a [`norm_weight`], which kernels index from 0.
+fn norm_weight_bind<'a>(op: &'static str, g: &'a Tensor, cols: usize) -> Result<Bind<'a>> {
+    let gb = g.gpu_buffer().ok_or_else(|| Error::mismatch(op, "norm weight is not on a GPU"))?;
+    let (bind, g_delta) = window(gb.buffer(), g.layout().offset as u64 * 4, cols as u64 * 4);
+    if g_delta != 0 {
+        return Err(Error::Unsupported(format!("{op}: a norm weight view off a 256-byte boundary")));
+    }
+    Ok(bind)
+}
+
+/// x [n, cols] (contiguous, cols a multiple of 32, n <= MATVEC_MAX_N) rounded to 8-bit blocks
+/// on the GPU, RMS-normalised first with `norm` = (weight [cols], eps) (quantize_q8.wgsl): a
+/// scratch buffer of n * cols / 4 words of bytes, then n * cols / 16 words of block scales, and
+/// its length in words.
+fn quantize_x_q8(
+    ctx: &Arc<GpuContext>,
+    x: &Tensor,
+    n: usize,
+    cols: usize,
+    norm: Option<(&Tensor, f32)>,
+) -> Result<(GpuBuffer, usize)> {
+    const OP: &str = "quantize_q8";
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Params {
+        cols: u32,
+        blocks: u32,
+        x_off: u32,
+        ds_off: u32,
+        norm: u32,
+        eps: f32,
+        _pad: [u32; 2],
+    }
+    let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
+    let words = n * cols / 4 + n * cols / 16;
+    let out = ctx.alloc((words * 4) as u64)?;
+    let (xbind, delta) = window(xbuf.buffer(), x.layout().offset as u64 * 4, (n * cols) as u64 * 4);
+    // The kernel reads x as vec4 (qmatmul_with moves quantized products' x onto 16 bytes).
+    if delta % 16 != 0 {
+        return Err(Error::Unsupported(format!("{OP}: x off a 16-byte boundary")));
+    }
+    let params = Params {
+        cols: to_u32(OP, cols)?,
+        blocks: to_u32(OP, cols / 32)?,
+        x_off: to_u32(OP, delta as usize / 16)?,
+        ds_off: to_u32(OP, n * cols / 4)?,
+        norm: norm.is_some() as u32,
+        eps: norm.map_or(0.0, |(_, e)| e),
+        _pad: [0; 2],
+    };
+    let g = norm.map(|(g, _)| norm_weight(OP, g, cols, x)).transpose()?;
+    let gbind = match &g {
+        Some(g) => norm_weight_bind(OP, g, cols)?,
+        // Unread without the norm: x's binding stands in.
+        None => window(xbuf.buffer(), x.layout().offset as u64 * 4, (n * cols) as u64 * 4).0,
+    };
+    let spec = KernelSpec::new("quantize_q8", QUANTIZE_Q8_WGSL, "quantize").with(lane_reductions_wgsl(ctx));
+    let pipeline = ctx.pipeline(&spec, &[])?;
+    let binds = [xbind, Bind::Slice(out.buffer(), 0, (words * 4) as u64), gbind];
+    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, [to_u32(OP, n)?, 1, 1])?;
+    Ok((out, words))
+}
+
 fn qmatmul_with(
     w: &QTensor,
     x: &Tensor,
@@ -1033,6 +1160,16 @@ fn qmatmul_with(
     let u = |v: usize| to_u32(OP, v);
     // Every element index the kernels form must fit u32.
     u(n.checked_mul(rows.max(cols)).ok_or_else(|| Error::shape(OP, "size overflows"))?)?;
+    // x rounded to 8-bit blocks first (RMS-normalised on the way when the prologue asks for it,
+    // which the matvec kernel then skips), when the caller asks for it (see `qmatvec_fused`).
+    let q8 = opts.x_q8 == Some(true)
+        && kernel == QKernel::Matvec
+        && combine.is_none()
+        && super::q8::supports(ty)
+        && n <= MATVEC_MAX_N
+        && n_per == n;
+    let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, norm)?) } else { None };
+    let (pro, norm) = if q8 { (Prologue::None, None) } else { (pro, norm) };
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
@@ -1040,10 +1177,11 @@ fn qmatmul_with(
     let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
-            format!("qmatvec_{name}_t{tpr}{}{}", epi.name(), pro.name()),
+            format!("qmatvec_{name}_t{tpr}{}{}{}", epi.name(), pro.name(), if q8 { "_q8" } else { "" }),
             match (epi, pro) {
-                (Epilogue::RopeKv(_), _) => rope_source(ty),
+                (Epilogue::RopeKv(_), _) => rope_source(ty, q8),
                 (_, Prologue::Combine(_)) => combine_source(ty),
+                _ if q8 => type_source(Source::MatvecQ8, ty),
                 _ => type_source(Source::Matvec, ty),
             },
             "matvec",
@@ -1080,7 +1218,7 @@ fn qmatmul_with(
             let [e0, e1, e2, e3] = epi.wgsl(norm.is_some());
             // The combine prologue's params words (the epilogue then has none, see above).
             let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
-            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some());
+            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some(), xq.is_some());
             // Whole 16-byte loads of x for the float types where its rows allow (see x1_4 in
             // matvec.wgsl). H100, tg128: 1B F16 669.3 -> 690.3 tok/s, 1B BF16 630.9 -> 648.1.
             let x4 = !ty.is_quantized()
@@ -1092,15 +1230,7 @@ fn qmatmul_with(
         }
         QKernel::Tiled | QKernel::Coop => ctx.pipeline(&spec, &[])?,
     };
-    let norm_w = match norm {
-        Some((g, _)) => {
-            if g.numel() != cols || g.dtype() != DType::F32 || !g.device().same(w.device()) {
-                return Err(Error::shape(OP, format!("norm weight {} does not match {cols} columns", g.shape())));
-            }
-            Some(g.contiguous()?)
-        }
-        None => None,
-    };
+    let norm_w = norm.map(|(g, _)| norm_weight(OP, g, cols, &x)).transpose()?;
     let resid_buf = match &resid {
         Some(r) => {
             Some((r.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "residual is not on a GPU"))?, r.layout().offset))
@@ -1118,10 +1248,12 @@ fn qmatmul_with(
     while n0 < n {
         let nc = n_per.min(n - n0);
         for s in &slices {
-            let (xbind, x_delta) = match combine {
+            let (xbind, x_delta) = match (combine, &xq) {
                 // The partials, whole (one chunk: n0 = 0).
-                Some(_) => window(xbuf.buffer(), x_start, x.numel() as u64 * 4),
-                None => window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4),
+                (Some(_), _) => window(xbuf.buffer(), x_start, x.numel() as u64 * 4),
+                // Q8 x, whole (one chunk), from its buffer's start: x_off 0 below.
+                (None, Some((qbuf, words))) => (Bind::Slice(qbuf.buffer(), 0, *words as u64 * 4), 0),
+                (None, None) => window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4),
             };
             let (obind, o_delta) = window(obuf.buffer(), (n0 * out_rows) as u64 * 4, (nc * out_rows) as u64 * 4);
             let mut binds = vec![Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
@@ -1132,12 +1264,7 @@ fn qmatmul_with(
                 r_off = u(r_delta as usize / 4 + s.r0)?;
             }
             if let Some(g) = &norm_w {
-                let gb = g.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "norm weight is not on a GPU"))?;
-                let (gbind, g_delta) = window(gb.buffer(), g.layout().offset as u64 * 4, cols as u64 * 4);
-                if g_delta != 0 {
-                    return Err(Error::Unsupported(format!("{OP}: a norm weight view off a 256-byte boundary")));
-                }
-                binds.push(gbind);
+                binds.push(norm_weight_bind(OP, g, cols)?);
             }
             if let Some(r) = &rope {
                 r.push_binds(&mut binds);
@@ -1160,14 +1287,17 @@ fn qmatmul_with(
                         w_off: s.w_off,
                         units: u(matvec_units(ty, cols))?,
                         x_off,
-                        x_stride: u(cols * 4 / x_unit)?,
+                        // Q8 x: a row is cols / 4 words of bytes (then the scales, at xd_off).
+                        x_stride: u(if q8 { cols / 4 } else { cols * 4 / x_unit })?,
                         out_off,
                         out_stride: u(out_rows)?,
                         groups: u(groups)?,
                         n: u(nc)?,
                         r_off,
                         eps: norm.map_or(0.0, |(_, e)| e),
-                        _pad: [0; 3],
+                        _pad0: 0,
+                        xd_off: u(n * cols / 4)?,
+                        _pad2: 0,
                     };
                     let wgs = groups.checked_mul(nc).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
                     let grid = ctx.grid_1d(u(wgs)?);

@@ -32,8 +32,8 @@ struct Params {
     n: u32,          // x rows
     r_off: u32,      // residual index of (x row 0, row 0) when the epilogue adds one
     eps: f32,        // RMSNorm epsilon when the prologue normalises x
-    _pad0: u32,
-    _pad1: u32,
+    _pad0: u32,      // always 0 (the prologues' prefetch)
+    xd_off: u32,     // Q8 x: the word of x row 0's block scales (matvec_q8.wgsl)
     _pad2: u32,
     // More fields where needed: the rope epilogue's or the combine prologue's (see gpu.rs).
 {{PARAMS_EXT}}

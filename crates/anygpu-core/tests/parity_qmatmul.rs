@@ -414,6 +414,66 @@ fn q8_matvec_matches_cpu_q8() {
     }
 }
 
+/// x rounded as the GPU's quantize_q8.wgsl rounds it (32-element blocks, d = max|x| / 127
+/// through f16, round half to even), back in f32, with each block's d.
+fn q8_blocks_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Vec::with_capacity(x.len());
+    let mut ds = Vec::new();
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let d = f16::from_f32(amax / 127.0).to_f32();
+        out.extend(b.iter().map(|v| d * (v * id).round_ties_even().clamp(-127.0, 127.0)));
+        ds.push(d);
+    }
+    (out, ds)
+}
+
+/// The Q8 matvec of the k-quants (Q4_K, Q5_K, Q6_K), forced on (`x_q8: Some(true)`), against a
+/// host product of the same rounded x: the GPU rounds x to 32-element blocks (the CPU's Q8
+/// path uses 256-element Q8_K blocks for these types, so it is not the reference). Allowed: f32
+/// summation order, a few x bytes rounded the other way (WGSL's division need not be correctly
+/// rounded: max |w| * d each), and the f16 rounding of the blocks' sums s that the min terms
+/// use (2^-10 of sum |w x|). Odd row counts, 1 and 3 x rows, 1 and 16 super-blocks per row; the
+/// result must differ from the exact GPU product (the path is taken).
+#[test]
+fn q8_matvec_kquants_match_rounded_x() {
+    let _turn = one_at_a_time();
+    let q8 = QOptions { x_q8: Some(true), ..Default::default() };
+    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for (rows, cols) in [(37usize, 256usize), (9, 4096)] {
+            let bytes = random_weights(310 + rows as u64, ty, rows, cols);
+            let wv = dequantize_to_vec(ty, &bytes, rows * cols).unwrap();
+            let max_w = wv.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for n in [1usize, 3] {
+                let xv = rand_vec(311 + n as u64, n * cols);
+                let (xr, ds) = q8_blocks_rounded(&xv);
+                let max_d = ds.iter().fold(0f32, |m, v| m.max(*v));
+                let mut want = Vec::new();
+                let mut mag = 0f32;
+                for xrow in xr.chunks(cols) {
+                    for wr in wv.chunks(cols) {
+                        want.push(wr.iter().zip(xrow).map(|(w, x)| *w as f64 * *x as f64).sum::<f64>() as f32);
+                        mag = mag.max(wr.iter().zip(xrow).map(|(w, x)| (w * x).abs()).sum());
+                    }
+                }
+                let atol = atol_for(ty, &bytes, rows, cols) + 4.0 * max_w * max_d + mag / 1024.0;
+                let name = format!("q8 matvec {ty} [{rows}, {cols}] n {n}");
+                for d in gpu_devices().iter() {
+                    let run = || -> Result<(Vec<f32>, Vec<f32>)> {
+                        let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?;
+                        let x = Tensor::from_vec(xv.clone(), [n, cols], &Device::Cpu)?.to_device(d)?;
+                        Ok((qmatmul_opts(&w, &x, q8)?.to_vec_f32()?, w.qmatmul(&x)?.to_vec_f32()?))
+                    };
+                    let (got, exact) = run().unwrap_or_else(|e| panic!("{name} on {}: {e}", d.name()));
+                    assert!(got.iter().zip(&exact).any(|(a, b)| a != b), "{name}: the Q8 path gave the exact result");
+                    check_close(&name, &got, &want, atol, 0.0).unwrap_or_else(|m| panic!("{m} on {}", d.name()));
+                }
+            }
+        }
+    }
+}
+
 /// The rope + KV-cache store epilogue (`qmatmul_rms_rope_kv`: RMSNorm, Q|K|V product, bias, rope
 /// of Q and K, K and V into the caches) against its composition (`qmatmul_rms`, the bias add,
 /// `rope_qkv_store`) run on the same device, both against the CPU's composition: Q and both

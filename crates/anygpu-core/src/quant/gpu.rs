@@ -45,7 +45,8 @@
 //! workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won. The bench reads one
 //! matrix over and over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
-//! Where x is normalised outside the kernel anyway, the 32-weight block types take x rounded to
+//! Where x is normalised outside the kernel anyway, the 32-weight block types and Q4_K / Q5_K /
+//! Q6_K take x rounded to
 //! 8-bit blocks in that dispatch and use integer dot products (matvec_q8.wgsl, `x_q8`): their
 //! f32 x loads (two vec4 per unit, eight cache lines per warp load) had cost more than their
 //! weight loads.
@@ -191,7 +192,7 @@ pub struct QOptions {
     /// chosen from the row length when `None`.
     pub threads_per_row: Option<usize>,
     /// Whether the matvec rounds x to 8-bit blocks first (matvec_q8.wgsl; the 32-weight block
-    /// types): `Some(true)` forces it, `Some(false)` never; `None`: where a matrix marked
+    /// types and Q4_K / Q5_K / Q6_K): `Some(true)` forces it, `Some(false)` never; `None`: where a matrix marked
     /// [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this module).
     pub x_q8: Option<bool>,
 }
@@ -787,6 +788,26 @@ pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Resu
     qmatmul_with(w, x, n, out_shape, QOptions::default(), Epilogue::Store, Prologue::None)
 }
 
+/// Whether products of `w` may round x to 8-bit blocks and use integer dot products
+/// (matvec_q8.wgsl): where the matrix asks for it ([`CpuMath::Q8`], as model loaders mark their
+/// weights; the CPU's products then round alike) unless `opts` says no, for the types with Q8
+/// units. The GPU takes it where x is RMS-normalised before the product and the matvec's
+/// RMSNorm prologue does not fit (4096-wide rows and output heads): the rounding then rides in
+/// the norm's dispatch. H100, tg128: 8B Q4_0 209.3 / 210.9 -> 231.1 / 230.8 tok/s (its Q|K|V and
+/// gate|up products, the head), 1B Q4_0 887 -> 975 (its head). A rounding dispatch of its own
+/// before every product instead (390 dispatches per token, not 261) lost: 210 -> 192 (for wo and
+/// down the dispatch costs more than the product saves).
+pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
+    opts.x_q8.unwrap_or(w.cpu_math() == CpuMath::Q8) && has_q8_units(w.ggml_type())
+}
+
+/// The types with Q8 unit functions (matvec_q8.wgsl). The k-quants round x to 32-element
+/// blocks here, while the CPU's Q8 path uses llama.cpp's 256-element Q8_K blocks for them: the
+/// two differ by rounding, not by method.
+fn has_q8_units(ty: GgmlType) -> bool {
+    super::q8::supports(ty) || matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
+}
+
 /// The matvec kernel with a fused epilogue, for x [.., cols] with at most [`MATVEC_MAX_N`] rows;
 /// `Ok(None)` when the shapes need the unfused path (more x rows, or a GLU matrix too large for
 /// one binding). Shapes are checked by the caller (`QTensor::qmatmul_add` / `qmatmul_glu`).
@@ -794,19 +815,6 @@ pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Resu
 /// fits in workgroup memory; `Combine` merges x [B * Tq, H * D] from attention partials (then x
 /// is not read: pass the partials' tensor), when they are small enough for every workgroup to
 /// re-read (see [`COMBINE_PROLOGUE_MAX_BYTES`]).
-/// Whether products of `w` may round x to 8-bit blocks and use integer dot products
-/// (matvec_q8.wgsl): where the matrix asks for it ([`CpuMath::Q8`], as model loaders mark their
-/// weights; the CPU's products then round alike) unless `opts` says no, for the 32-weight block
-/// types. The GPU takes it where x is RMS-normalised before the product and the matvec's
-/// RMSNorm prologue does not fit (4096-wide rows and output heads): the rounding then rides in
-/// the norm's dispatch. H100, tg128: 8B Q4_0 209.3 / 210.9 -> 231.1 / 230.8 tok/s (its Q|K|V and
-/// gate|up products, the head), 1B Q4_0 887 -> 975 (its head). A rounding dispatch of its own
-/// before every product instead (390 dispatches per token, not 261) lost: 210 -> 192 (for wo and
-/// down the dispatch costs more than the product saves).
-pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
-    opts.x_q8.unwrap_or(w.cpu_math() == CpuMath::Q8) && super::q8::supports(w.ggml_type())
-}
-
 pub(crate) fn qmatvec_fused(
     w: &QTensor,
     x: &Tensor,
@@ -1165,7 +1173,7 @@ fn qmatmul_with(
     let q8 = opts.x_q8 == Some(true)
         && kernel == QKernel::Matvec
         && combine.is_none()
-        && super::q8::supports(ty)
+        && has_q8_units(ty)
         && n <= MATVEC_MAX_N
         && n_per == n;
     let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, norm)?) } else { None };

@@ -1,6 +1,7 @@
-// The Q8 unit functions of matvec.wgsl (`mv_<type>_q8`) for the 32-weight block types, appended
-// when x comes as 8-bit blocks (quantize_q8.wgsl; x_side in gpu.rs binds them as `xq`): a unit
-// (b, j) is two integer dot products of four byte pairs (`dot4I8Packed`: one DP4A on NVIDIA)
+// The Q8 unit functions of matvec.wgsl (`mv_<type>_q8`) for the 32-weight block types and
+// Q4_K / Q5_K / Q6_K (whose 32-weight groups, 16-weight for Q6_K's scales, fall inside x's
+// blocks), appended when x comes as 8-bit blocks (quantize_q8.wgsl; x_side in gpu.rs binds them
+// as `xq`): a 32-weight block's unit (b, j) is two integer dot products of four byte pairs (`dot4I8Packed`: one DP4A on NVIDIA)
 // instead of eight float FMAs, and reads 8 bytes of x instead of two 16-byte vec4s (which, at
 // eight lines per warp load, cost more than the weights' own loads: see BENCHMARKS.md, eighth
 // session). H100, parity bench, 57344 x 4096 Q4_0 (GPU µs, one call): 75.9 with f32 x, 61.5
@@ -11,7 +12,7 @@
 // x row's words: xq[xb + 8b + k] holds x's bytes 4k..4k+4 of block b; the block's (d, s), s =
 // d * sum(q), at `xds`. Sections per type, as in matvec.wgsl.
 
-// @@ q4_0 q4_1 q5_0 q5_1 q8_0
+// @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
 // Block b's (d, s) of the x row whose bytes start at word xb (rows are cols / 4 words of bytes
 // and cols / 16 words of (d, s) pairs, so the pairs' row offset is a quarter of the bytes').
 fn xds(xb: u32, b: u32) -> vec2<f32> {
@@ -19,7 +20,7 @@ fn xds(xb: u32, b: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(xq[i]), bitcast<f32>(xq[i + 1u]));
 }
 
-// @@ q4_0 q5_0
+// @@ q4_0 q5_0 q6k
 // Bytes of `v` minus `m` (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7 set
 // first keeps the subtraction from borrowing across bytes, the XOR clears it again.
 fn bytes_minus(v: u32, m: u32) -> u32 {
@@ -92,5 +93,98 @@ fn mv_q8_0_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let xi = xb + 8u * b + 2u * j;
     let s = dot4I8Packed(u32_at(qo), xq[xi]) + dot4I8Packed(u32_at(qo + 4u), xq[xi + 1u]);
     return f16_at(off) * xds(xb, b).x * f32(s);
+}
+
+// ---- k-quants: 32-weight groups of a super-block meet x's 8-bit blocks one to one ----------
+// x word i of a row holds the weights 4i.. of that row, as x4[i] does for matvec.wgsl's units.
+
+
+// @@ q4k
+// Q4_K unit (b, j) as mv_q4k: words q0, q1 of chunk k = j / 4 hold weights 64k + 8mm.. (low
+// nibbles, group 2k: x block 8b + 2k) and 64k + 32 + 8mm.. (high, group 2k + 1). The min term
+// meets a quarter of each block's s (the unit holds 8 of its 32 weights).
+fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
+    let b = u >> 4u;
+    let j = u & 15u;
+    let k = j >> 2u;
+    let mm = j & 3u;
+    let i = (rb + b * 144u) >> 2u;
+    let dd = unpack2x16float(w[i]);
+    let s0 = w[i + 1u];
+    let s1 = w[i + 2u];
+    let s2 = w[i + 3u];
+    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
+    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
+    let qi = i + 4u + 2u * j;
+    let q0 = w[qi];
+    let q1 = w[qi + 1u];
+    let xw = xb + 64u * b + 16u * k + 2u * mm;
+    let lo = dot4I8Packed(q0 & 0x0F0F0F0Fu, xq[xw]) + dot4I8Packed(q1 & 0x0F0F0F0Fu, xq[xw + 1u]);
+    let hi = dot4I8Packed((q0 >> 4u) & 0x0F0F0F0Fu, xq[xw + 8u]) + dot4I8Packed((q1 >> 4u) & 0x0F0F0F0Fu, xq[xw + 9u]);
+    let dl = xds(xb, 8u * b + 2u * k);
+    let dh = xds(xb, 8u * b + 2u * k + 1u);
+    let dot_q = sm0.x * dl.x * f32(lo) + sm1.x * dh.x * f32(hi);
+    let dot_m = 0.25 * (sm0.y * dl.y + sm1.y * dh.y);
+    return dd.x * dot_q - dd.y * dot_m;
+}
+
+// @@ q5k
+// Q5_K unit as mv_q4k_q8, with the fifth bits (see mv_q5k).
+fn mv_q5k_q8(rb: u32, u: u32, xb: u32) -> f32 {
+    let b = u >> 4u;
+    let j = u & 15u;
+    let k = j >> 2u;
+    let mm = j & 3u;
+    let i = (rb + b * 176u) >> 2u;
+    let dd = unpack2x16float(w[i]);
+    let s0 = w[i + 1u];
+    let s1 = w[i + 2u];
+    let s2 = w[i + 3u];
+    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
+    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
+    let h0 = w[i + 4u + 2u * mm] >> (2u * k);
+    let h1 = w[i + 5u + 2u * mm] >> (2u * k);
+    let qi = i + 12u + 2u * j;
+    let q0 = w[qi];
+    let q1 = w[qi + 1u];
+    let l0 = (q0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4u);
+    let l1 = (q1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4u);
+    let u0 = ((q0 >> 4u) & 0x0F0F0F0Fu) | ((h0 & 0x02020202u) << 3u);
+    let u1 = ((q1 >> 4u) & 0x0F0F0F0Fu) | ((h1 & 0x02020202u) << 3u);
+    let xw = xb + 64u * b + 16u * k + 2u * mm;
+    let lo = dot4I8Packed(l0, xq[xw]) + dot4I8Packed(l1, xq[xw + 1u]);
+    let hi = dot4I8Packed(u0, xq[xw + 8u]) + dot4I8Packed(u1, xq[xw + 9u]);
+    let dl = xds(xb, 8u * b + 2u * k);
+    let dh = xds(xb, 8u * b + 2u * k + 1u);
+    let dot_q = sm0.x * dl.x * f32(lo) + sm1.x * dh.x * f32(hi);
+    let dot_m = 0.25 * (sm0.y * dl.y + sm1.y * dh.y);
+    return dd.x * dot_q - dd.y * dot_m;
+}
+
+// @@ q6k
+// Q6_K unit (b, j) as mv_q6k: its four 4-weight runs i lie in x blocks 8b + 4n + i.
+fn mv_q6k_q8(rb: u32, u: u32, xb: u32) -> f32 {
+    let b = u >> 4u;
+    let j = u & 15u;
+    let n = j >> 3u;
+    let m = j & 7u;
+    let off = rb + b * 210u;
+    let qa = u32_at(off + 64u * n + 4u * m);
+    let qb = u32_at(off + 64u * n + 32u + 4u * m);
+    let qh = u32_at(off + 128u + 32u * n + 4u * m);
+    let s0 = u32_at(off + 192u + 8u * n);
+    let s1 = u32_at(off + 196u + 8u * n);
+    let xw = xb + 64u * b + 32u * n + m;
+    let a0 = dot4I8Packed(bytes_minus((qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u), 0x20202020u), xq[xw]);
+    let a1 = dot4I8Packed(bytes_minus((qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 8u]);
+    let a2 = dot4I8Packed(bytes_minus(((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 16u]);
+    let a3 = dot4I8Packed(bytes_minus(((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 24u]);
+    let xd = 8u * b + 4u * n;
+    let sh = 8u * (m >> 2u);
+    let s = f32(i8_of((s0 >> sh) & 0xFFu)) * xds(xb, xd).x * f32(a0)
+        + f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)) * xds(xb, xd + 1u).x * f32(a1)
+        + f32(i8_of((s1 >> sh) & 0xFFu)) * xds(xb, xd + 2u).x * f32(a2)
+        + f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)) * xds(xb, xd + 3u).x * f32(a3);
+    return f16_at(off + 208u) * s;
 }
 // @@ end

@@ -20,7 +20,7 @@ pub struct Args {
     /// Shape: 1b (16 layers, 2048 wide, 8192 FFN) or 8b (32 layers, 4096 wide, 14336 FFN), 32/8 heads.
     #[arg(long, default_value = "1b")]
     preset: String,
-    /// Weight type: f32, f16, bf16, q8_0 or q4_0.
+    /// Weight type: f32, f16, bf16, q8_0, q4_0 or q4_k.
     #[arg(long = "type", default_value = "f16")]
     ty: String,
     /// Override the number of layers.
@@ -35,7 +35,8 @@ pub fn run(args: Args) -> CliResult {
         "bf16" => GgmlType::BF16,
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
-        other => return Err(CliError::usage(format!("--type {other}: use f32, f16, bf16, q8_0 or q4_0"))),
+        "q4_k" => GgmlType::Q4K,
+        other => return Err(CliError::usage(format!("--type {other}: use f32, f16, bf16, q8_0, q4_0 or q4_k"))),
     };
     let mut spec = SyntheticSpec::preset(&args.preset, ty)
         .ok_or_else(|| CliError::usage(format!("--preset {}: use 1b, 8b or tiny", args.preset)))?;

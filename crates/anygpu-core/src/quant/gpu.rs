@@ -46,10 +46,9 @@
 //! matrix over and over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
 //! Where x is normalised outside the kernel anyway, the 32-weight block types and Q4_K / Q5_K /
-//! Q6_K take x rounded to
-//! 8-bit blocks in that dispatch and use integer dot products (matvec_q8.wgsl, `x_q8`): their
-//! f32 x loads (two vec4 per unit, eight cache lines per warp load) had cost more than their
-//! weight loads.
+//! Q6_K take x rounded to 8-bit blocks in that dispatch and use integer dot products
+//! (matvec_q8.wgsl, `x_q8`): their f32 x loads (two vec4 per unit, eight cache lines per warp
+//! load) had cost more than their weight loads.
 //!
 //! # Prefill (n > 1)
 //!
@@ -192,8 +191,9 @@ pub struct QOptions {
     /// chosen from the row length when `None`.
     pub threads_per_row: Option<usize>,
     /// Whether the matvec rounds x to 8-bit blocks first (matvec_q8.wgsl; the 32-weight block
-    /// types and Q4_K / Q5_K / Q6_K): `Some(true)` forces it, `Some(false)` never; `None`: where a matrix marked
-    /// [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this module).
+    /// types and Q4_K / Q5_K / Q6_K): `Some(true)` forces it, `Some(false)` never; `None`: where
+    /// a matrix marked [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this
+    /// module).
     pub x_q8: Option<bool>,
 }
 
@@ -1176,7 +1176,8 @@ fn qmatmul_with(
         && has_q8_units(ty)
         && n <= MATVEC_MAX_N
         && n_per == n;
-    let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, norm)?) } else { None };
+    // The rounding's norm; the matvec then has no prologue.
+    let q8_norm = norm.filter(|_| q8);
     let (pro, norm) = if q8 { (Prologue::None, None) } else { (pro, norm) };
 
     let name = wgsl_name(ty);
@@ -1226,7 +1227,7 @@ fn qmatmul_with(
             let [e0, e1, e2, e3] = epi.wgsl(norm.is_some());
             // The combine prologue's params words (the epilogue then has none, see above).
             let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
-            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some(), xq.is_some());
+            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some(), q8);
             // Whole 16-byte loads of x for the float types where its rows allow (see x1_4 in
             // matvec.wgsl). H100, tg128: 1B F16 669.3 -> 690.3 tok/s, 1B BF16 630.9 -> 648.1.
             let x4 = !ty.is_quantized()
@@ -1239,6 +1240,9 @@ fn qmatmul_with(
         QKernel::Tiled | QKernel::Coop => ctx.pipeline(&spec, &[])?,
     };
     let norm_w = norm.map(|(g, _)| norm_weight(OP, g, cols, &x)).transpose()?;
+    // Dispatched once the product's pipeline exists (a kernel that fails to compile leaves no
+    // stray dispatch behind).
+    let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
     let resid_buf = match &resid {
         Some(r) => {
             Some((r.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "residual is not on a GPU"))?, r.layout().offset))

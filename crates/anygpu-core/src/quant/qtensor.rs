@@ -24,7 +24,8 @@ pub enum QStorage {
     Gpu(Arc<GpuBuffer>),
 }
 
-/// What a CPU product does with the activations (GPU tensors ignore it).
+/// What a CPU product does with the activations. On a GPU, `Q8` also lets the decode matvec
+/// round x to 8-bit blocks where it normalises x apart anyway (`x_q8` in quant/gpu.rs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CpuMath {
     /// f32 activations: dequantize-then-dot up to summation order ([`super::matvec`],

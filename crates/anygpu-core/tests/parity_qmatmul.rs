@@ -414,6 +414,39 @@ fn q8_matvec_matches_cpu_q8() {
     }
 }
 
+/// A fused product without a prologue on a matrix of at least `Q8_OWN_DISPATCH_MIN_BYTES`
+/// (the 8B's down projection: `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own
+/// when the matrix asks for Q8 math: against the CPU's Q8 product, and different from the
+/// exact GPU product; a smaller one stays exact.
+#[test]
+fn q8_own_dispatch_for_large_plain_products() {
+    use anygpu_core::quant::gpu::Q8_OWN_DISPATCH_MIN_BYTES;
+    use anygpu_core::quant::CpuMath;
+    let _turn = one_at_a_time();
+    let ty = GgmlType::Q4_0;
+    let cols = 32768;
+    let rows = (Q8_OWN_DISPATCH_MIN_BYTES as usize).div_ceil(ty.type_size() * cols / 32) + 3;
+    let bytes = random_weights(320, ty, rows, cols);
+    let atol = 4.0 * atol_for(ty, &bytes, rows, cols) + 0.02;
+    let run = |d: &Device, math: CpuMath, rows: usize| -> Result<Vec<f32>> {
+        let len = ty.type_size() * cols / 32 * rows;
+        let w = QTensor::from_vec(ty, rows, cols, bytes[..len].to_vec(), d)?.with_cpu_math(math);
+        let x = upload_x(321, 1, cols, d)?;
+        let resid = upload_x(322, 1, rows, d)?;
+        w.qmatmul_add(&x, &resid)?.to_vec_f32()
+    };
+    let want = run(&Device::Cpu, CpuMath::Q8, rows).unwrap();
+    for d in gpu_devices().iter().take(1) {
+        let got = run(d, CpuMath::Q8, rows).unwrap();
+        check_close("q8 own dispatch", &got, &want, atol, 1e-3).unwrap_or_else(|m| panic!("{m} on {}", d.name()));
+        let exact = run(d, CpuMath::Exact, rows).unwrap();
+        assert!(got.iter().zip(&exact).any(|(a, b)| a != b), "the large product did not take the Q8 path");
+        // Below the threshold: the exact path whatever the marking.
+        let small = rows / 4;
+        assert_eq!(run(d, CpuMath::Q8, small).unwrap(), run(d, CpuMath::Exact, small).unwrap());
+    }
+}
+
 /// x rounded as the GPU's quantize_q8.wgsl rounds it (32-element blocks, d = max|x| / 127
 /// through f16, round half to even), back in f32, with each block's d.
 fn q8_blocks_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {

@@ -801,6 +801,13 @@ pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
     opts.x_q8.unwrap_or(w.cpu_math() == CpuMath::Q8) && has_q8_units(w.ggml_type())
 }
 
+/// The weight bytes from which a fused product without a prologue (the down projection's
+/// `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own. H100, tg128, a rounding
+/// dispatch before such products vs none (one binary, a switch): 8B Q4_0 (down 33 MB) GPU pass
+/// 4.157 -> 4.009 / 4.035 ms per token; 1B Q4_0 (down 9.4 MB) 986 -> 974 tok/s. Between those
+/// two sizes the threshold is a guess.
+pub const Q8_OWN_DISPATCH_MIN_BYTES: u64 = 24 << 20;
+
 /// The types with Q8 unit functions (matvec_q8.wgsl). The k-quants round x to 32-element
 /// blocks here, while the CPU's Q8 path uses llama.cpp's 256-element Q8_K blocks for them: the
 /// two differ by rounding, not by method.
@@ -868,6 +875,15 @@ pub(crate) fn qmatvec_fused(
         if !x_q8(w, &opts) {
             return Ok(None);
         }
+        opts.x_q8 = Some(true);
+    }
+    // A product without a prologue pays a rounding dispatch of its own: worth it for large
+    // matrices only (see Q8_OWN_DISPATCH_MIN_BYTES).
+    if matches!(pro, Prologue::None)
+        && opts.x_q8.is_none()
+        && w.byte_len() as u64 >= Q8_OWN_DISPATCH_MIN_BYTES
+        && x_q8(w, &opts)
+    {
         opts.x_q8 = Some(true);
     }
     // Paired rows must sit in one binding.
@@ -1079,7 +1095,8 @@ fn quantize_x_q8(
     let spec = KernelSpec::new("quantize_q8", QUANTIZE_Q8_WGSL, "quantize").with(lane_reductions_wgsl(ctx));
     let pipeline = ctx.pipeline(&spec, &[])?;
     let binds = [xbind, Bind::Slice(out.buffer(), 0, (words * 4) as u64), gbind];
-    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, [to_u32(OP, n)?, 1, 1])?;
+    let grid = [to_u32(OP, cols.div_ceil(1024))?, to_u32(OP, n)?, 1];
+    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, grid)?;
     Ok((out, words))
 }
 

@@ -40,9 +40,10 @@
 //! Q2_K 105 µs (0.41). Same machine, PyTorch (CUDA events, no floor): torch.mv f16 on that
 //! matrix 100 µs (2.63 TB/s), copy 2.98 TB/s. Runs on different machines varied by up to 1.7x.
 //! Q2_K / Q3_K, whose units do 4 scale extractions per word, are bound by instructions. For
-//! the others, later H100 runs (BENCHMARKS.md, seventh session) point to loads in flight, not
-//! instructions: fewer instructions per weight (8-bit x and integer dot products) lost, more
-//! workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won. The bench reads one
+//! the others, later H100 runs (BENCHMARKS.md, seventh and eighth sessions) point to loads, not
+//! arithmetic: more workgroups per product (`MATVEC_MIN_GROUPS`, matvec_layout.rs) won; 8-bit x
+//! staged in each workgroup's memory lost (every workgroup waits for its staging), while 8-bit
+//! x read from memory won (below). The bench reads one
 //! matrix over and over: its figures for matrices under 50 MB (the H100's L2) come from cache.
 //!
 //! Where x is normalised outside the kernel anyway, the 32-weight block types and Q4_K / Q5_K /
@@ -808,11 +809,13 @@ pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
 /// two sizes the threshold is a guess.
 pub const Q8_OWN_DISPATCH_MIN_BYTES: u64 = 24 << 20;
 
-/// The types with Q8 unit functions (matvec_q8.wgsl). The k-quants round x to 32-element
-/// blocks here, while the CPU's Q8 path uses llama.cpp's 256-element Q8_K blocks for them: the
-/// two differ by rounding, not by method.
+/// The types with Q8 unit functions (matvec_q8.wgsl; listed here, not taken from the CPU's
+/// Q8 list, which may grow apart). The k-quants round x to 32-element blocks here, while the
+/// CPU's Q8 path uses llama.cpp's 256-element Q8_K blocks for them: the two differ by
+/// rounding, not by method.
 fn has_q8_units(ty: GgmlType) -> bool {
-    super::q8::supports(ty) || matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
 /// The matvec kernel with a fused epilogue, for x [.., cols] with at most [`MATVEC_MAX_N`] rows;

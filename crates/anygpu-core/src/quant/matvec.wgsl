@@ -161,17 +161,21 @@ fn mv_q4_1(rb: u32, u: u32, xb: u32) -> f32 {
     return dm.x * (dot(nib4(q), xl) + dot(nib4(q >> 4u), xh)) + dm.y * hsum(xl + xh);
 }
 
+// @@ q5_0 q5_1
+// The 5-bit values of Q5_0 / Q5_1 unit j (qs word q, high bits qh), a byte each: the low
+// nibbles' (weights 4j..) and the high nibbles' (16 + 4j..). Shared with matvec_q8.wgsl.
+fn q5_bytes(q: u32, qh: u32, j: u32) -> vec2<u32> {
+    return vec2<u32>((q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j)), ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j)));
+}
+
 // @@ q5_0
 fn mv_q5_0(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 2u;
     let j = u & 3u;
     let off = rb + b * 22u;
-    let qh = u32_at(off + 2u);
-    let q = u32_at(off + 6u + 4u * j);
-    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
-    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let v = q5_bytes(u32_at(off + 6u + 4u * j), u32_at(off + 2u), j);
     let xo = xb + 8u * b + j;
-    return f16_at(off) * (dot(u8x4b(lo, 16.0), x4[xo]) + dot(u8x4b(hi, 16.0), x4[xo + 4u]));
+    return f16_at(off) * (dot(u8x4b(v.x, 16.0), x4[xo]) + dot(u8x4b(v.y, 16.0), x4[xo + 4u]));
 }
 
 // @@ q5_1
@@ -180,14 +184,11 @@ fn mv_q5_1(rb: u32, u: u32, xb: u32) -> f32 {
     let j = u & 3u;
     let i = (rb + b * 24u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let qh = w[i + 1u];
-    let q = w[i + 2u + j];
-    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
-    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let v = q5_bytes(w[i + 2u + j], w[i + 1u], j);
     let xo = xb + 8u * b + j;
     let xl = x4[xo];
     let xh = x4[xo + 4u];
-    return dm.x * (dot(u8x4(lo), xl) + dot(u8x4(hi), xh)) + dm.y * hsum(xl + xh);
+    return dm.x * (dot(u8x4(v.x), xl) + dot(u8x4(v.y), xh)) + dm.y * hsum(xl + xh);
 }
 
 // @@ q8_0
@@ -275,6 +276,42 @@ fn scale_min_k4_w(s0: u32, s1: u32, s2: u32, g: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
+// @@ q4k q5k
+// The scales of a Q4_K / Q5_K unit of chunk k in the super-block starting at word i:
+// (d, dmin), and the (scale, min) of its low-nibble group 2k and high-nibble group 2k + 1.
+// Shared with matvec_q8.wgsl.
+struct KScales {
+    dd: vec2<f32>,
+    lo: vec2<f32>,
+    hi: vec2<f32>,
+}
+
+// @@ q4k q5k
+fn k_scales(i: u32, k: u32) -> KScales {
+    let s0 = w[i + 1u];
+    let s1 = w[i + 2u];
+    let s2 = w[i + 3u];
+    return KScales(unpack2x16float(w[i]), scale_min_k4_w(s0, s1, s2, 2u * k), scale_min_k4_w(s0, s1, s2, 2u * k + 1u));
+}
+
+// @@ q5k
+// The 5-bit values of Q5_K unit j = 4k + mm of the super-block at word i, a byte each: its two
+// low-nibble words (group 2k) and its two high-nibble words (group 2k + 1).
+fn q5k_bytes(i: u32, j: u32) -> vec4<u32> {
+    let k = j >> 2u;
+    let mm = j & 3u;
+    let h0 = w[i + 4u + 2u * mm] >> (2u * k);
+    let h1 = w[i + 5u + 2u * mm] >> (2u * k);
+    let q0 = w[i + 12u + 2u * j];
+    let q1 = w[i + 13u + 2u * j];
+    return vec4<u32>(
+        (q0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4u),
+        (q1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4u),
+        ((q0 >> 4u) & 0x0F0F0F0Fu) | ((h0 & 0x02020202u) << 3u),
+        ((q1 >> 4u) & 0x0F0F0F0Fu) | ((h1 & 0x02020202u) << 3u),
+    );
+}
+
 // @@ q4k
 // Q4_K unit (b, j), j = 4k + mm: words 2mm, 2mm + 1 of chunk k, i.e. weights 64k + 8mm.. (low
 // nibbles, group 2k, x4[16k + 2mm + 0..2]) and 64k + 32 + 8mm.. (high, group 2k + 1, x4[+8]).
@@ -283,12 +320,7 @@ fn mv_q4k(rb: u32, u: u32, xb: u32) -> f32 {
     let j = u & 15u;
     let k = j >> 2u;
     let i = (rb + b * 144u) >> 2u;
-    let dd = unpack2x16float(w[i]);
-    let s0 = w[i + 1u];
-    let s1 = w[i + 2u];
-    let s2 = w[i + 3u];
-    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
-    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
+    let sc = k_scales(i, k);
     let qi = i + 4u + 2u * j;
     let q0 = w[qi];
     let q1 = w[qi + 1u];
@@ -297,10 +329,10 @@ fn mv_q4k(rb: u32, u: u32, xb: u32) -> f32 {
     let xl1 = x4[xo + 1u];
     let xh0 = x4[xo + 8u];
     let xh1 = x4[xo + 9u];
-    let dot_q = sm0.x * (dot(nib4(q0), xl0) + dot(nib4(q1), xl1))
-        + sm1.x * (dot(nib4(q0 >> 4u), xh0) + dot(nib4(q1 >> 4u), xh1));
-    let dot_m = sm0.y * hsum(xl0 + xl1) + sm1.y * hsum(xh0 + xh1);
-    return dd.x * dot_q - dd.y * dot_m;
+    let dot_q = sc.lo.x * (dot(nib4(q0), xl0) + dot(nib4(q1), xl1))
+        + sc.hi.x * (dot(nib4(q0 >> 4u), xh0) + dot(nib4(q1 >> 4u), xh1));
+    let dot_m = sc.lo.y * hsum(xl0 + xl1) + sc.hi.y * hsum(xh0 + xh1);
+    return sc.dd.x * dot_q - sc.dd.y * dot_m;
 }
 
 // @@ q5k
@@ -312,55 +344,68 @@ fn mv_q5k(rb: u32, u: u32, xb: u32) -> f32 {
     let k = j >> 2u;
     let mm = j & 3u;
     let i = (rb + b * 176u) >> 2u;
-    let dd = unpack2x16float(w[i]);
-    let s0 = w[i + 1u];
-    let s1 = w[i + 2u];
-    let s2 = w[i + 3u];
-    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
-    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
-    let h0 = w[i + 4u + 2u * mm] >> (2u * k);
-    let h1 = w[i + 5u + 2u * mm] >> (2u * k);
-    let qi = i + 12u + 2u * j;
-    let q0 = w[qi];
-    let q1 = w[qi + 1u];
+    let sc = k_scales(i, k);
+    let v = q5k_bytes(i, j);
     let xo = xb + 64u * b + 16u * k + 2u * mm;
     let xl0 = x4[xo];
     let xl1 = x4[xo + 1u];
     let xh0 = x4[xo + 8u];
     let xh1 = x4[xo + 9u];
-    let l0 = (q0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4u);
-    let l1 = (q1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4u);
-    let u0 = ((q0 >> 4u) & 0x0F0F0F0Fu) | ((h0 & 0x02020202u) << 3u);
-    let u1 = ((q1 >> 4u) & 0x0F0F0F0Fu) | ((h1 & 0x02020202u) << 3u);
-    let dot_q = sm0.x * (dot(u8x4(l0), xl0) + dot(u8x4(l1), xl1)) + sm1.x * (dot(u8x4(u0), xh0) + dot(u8x4(u1), xh1));
-    let dot_m = sm0.y * hsum(xl0 + xl1) + sm1.y * hsum(xh0 + xh1);
-    return dd.x * dot_q - dd.y * dot_m;
+    let dot_q = sc.lo.x * (dot(u8x4(v.x), xl0) + dot(u8x4(v.y), xl1)) + sc.hi.x * (dot(u8x4(v.z), xh0) + dot(u8x4(v.w), xh1));
+    let dot_m = sc.lo.y * hsum(xl0 + xl1) + sc.hi.y * hsum(xh0 + xh1);
+    return sc.dd.x * dot_q - sc.dd.y * dot_m;
 }
 
 // @@ q6k
-// Q6_K unit (b, j), j = 8n + m: ql words at 64n + 4m and 64n + 32 + 4m, qh word at
-// 128 + 32n + 4m: weights 128n + 32i + 4m.. for i 0..4 (x4[32n + 8i + m]), scales
-// 8n + m / 4 + 2i.
+// Q6_K unit j = 8n + m of the super-block at byte off: ql words at 64n + 4m and 64n + 32 + 4m,
+// qh word at 128 + 32n + 4m hold weights 128n + 32i + 4m.. for runs i 0..4, whose 6-bit values
+// (0..63, a byte each) come in v[i]; their signed scales (bytes 8n + m / 4 + 2i) in sc[i].
+// Shared with matvec_q8.wgsl.
+struct Q6kUnit {
+    v: vec4<u32>,
+    sc: vec4<f32>,
+}
+
+// @@ q6k
+fn q6k_unit(off: u32, n: u32, m: u32) -> Q6kUnit {
+    let qa = u32_at(off + 64u * n + 4u * m);
+    let qb = u32_at(off + 64u * n + 32u + 4u * m);
+    let qh = u32_at(off + 128u + 32u * n + 4u * m);
+    let s0 = u32_at(off + 192u + 8u * n);
+    let s1 = u32_at(off + 196u + 8u * n);
+    let v = vec4<u32>(
+        (qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u),
+        (qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u),
+        ((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u),
+        ((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u),
+    );
+    let sh = 8u * (m >> 2u);
+    let sc = vec4<f32>(
+        f32(i8_of((s0 >> sh) & 0xFFu)),
+        f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)),
+        f32(i8_of((s1 >> sh) & 0xFFu)),
+        f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)),
+    );
+    return Q6kUnit(v, sc);
+}
+
+// @@ q6k
+// Q6_K unit (b, j), j = 8n + m: run i of q6k_unit meets x4[32n + 8i + m].
 fn mv_q6k(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 4u;
     let j = u & 15u;
     let n = j >> 3u;
     let m = j & 7u;
     let off = rb + b * 210u;
-    let qa = u32_at(off + 64u * n + 4u * m);
-    let qb = u32_at(off + 64u * n + 32u + 4u * m);
-    let qh = u32_at(off + 128u + 32u * n + 4u * m);
-    let s0 = u32_at(off + 192u + 8u * n);
-    let s1 = u32_at(off + 196u + 8u * n);
+    let q = q6k_unit(off, n, m);
     let xo = xb + 64u * b + 32u * n + m;
-    let a0 = dot(u8x4b((qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u), 32.0), x4[xo]);
-    let a1 = dot(u8x4b((qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u), 32.0), x4[xo + 8u]);
-    let a2 = dot(u8x4b(((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u), 32.0), x4[xo + 16u]);
-    let a3 = dot(u8x4b(((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u), 32.0), x4[xo + 24u]);
-    let sh = 8u * (m >> 2u);
-    let s = f32(i8_of((s0 >> sh) & 0xFFu)) * a0 + f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)) * a1
-        + f32(i8_of((s1 >> sh) & 0xFFu)) * a2 + f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)) * a3;
-    return f16_at(off + 208u) * s;
+    let a = vec4<f32>(
+        dot(u8x4b(q.v.x, 32.0), x4[xo]),
+        dot(u8x4b(q.v.y, 32.0), x4[xo + 8u]),
+        dot(u8x4b(q.v.z, 32.0), x4[xo + 16u]),
+        dot(u8x4b(q.v.w, 32.0), x4[xo + 24u]),
+    );
+    return f16_at(off + 208u) * dot(q.sc, a);
 }
 // @@ end
 

@@ -58,12 +58,9 @@ fn mv_q5_0_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 2u;
     let j = u & 3u;
     let off = rb + b * 22u;
-    let qh = u32_at(off + 2u);
-    let q = u32_at(off + 6u + 4u * j);
-    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
-    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let v = q5_bytes(u32_at(off + 6u + 4u * j), u32_at(off + 2u), j);
     let xi = xb + 8u * b + j;
-    let s = dot4I8Packed(bytes_minus(lo, 0x10101010u), xq[xi]) + dot4I8Packed(bytes_minus(hi, 0x10101010u), xq[xi + 4u]);
+    let s = dot4I8Packed(bytes_minus(v.x, 0x10101010u), xq[xi]) + dot4I8Packed(bytes_minus(v.y, 0x10101010u), xq[xi + 4u]);
     return f16_at(off) * xds(xb, b).x * f32(s);
 }
 
@@ -73,12 +70,9 @@ fn mv_q5_1_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let j = u & 3u;
     let i = (rb + b * 24u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let qh = w[i + 1u];
-    let q = w[i + 2u + j];
-    let lo = (q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j));
-    let hi = ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j));
+    let v = q5_bytes(w[i + 2u + j], w[i + 1u], j);
     let xi = xb + 8u * b + j;
-    let s = dot4I8Packed(lo, xq[xi]) + dot4I8Packed(hi, xq[xi + 4u]);
+    let s = dot4I8Packed(v.x, xq[xi]) + dot4I8Packed(v.y, xq[xi + 4u]);
     let ds = xds(xb, b);
     return dm.x * ds.x * f32(s) + 0.25 * dm.y * ds.y;
 }
@@ -98,93 +92,65 @@ fn mv_q8_0_q8(rb: u32, u: u32, xb: u32) -> f32 {
 // ---- k-quants: 32-weight groups of a super-block meet x's 8-bit blocks one to one ----------
 // x word i of a row holds the weights 4i.. of that row, as x4[i] does for matvec.wgsl's units.
 
+// @@ q4k q5k
+// A Q4_K / Q5_K unit's sum from its integer dot products with the low group's x block (lo,
+// block 8b + 2k) and the high group's (hi, 8b + 2k + 1); the min term meets a quarter of each
+// block's s (the unit holds 8 of its 32 weights).
+fn k_unit_q8(sc: KScales, lo: i32, hi: i32, xb: u32, xblk: u32) -> f32 {
+    let dl = xds(xb, xblk);
+    let dh = xds(xb, xblk + 1u);
+    let dot_q = sc.lo.x * dl.x * f32(lo) + sc.hi.x * dh.x * f32(hi);
+    let dot_m = 0.25 * (sc.lo.y * dl.y + sc.hi.y * dh.y);
+    return sc.dd.x * dot_q - sc.dd.y * dot_m;
+}
 
 // @@ q4k
 // Q4_K unit (b, j) as mv_q4k: words q0, q1 of chunk k = j / 4 hold weights 64k + 8mm.. (low
-// nibbles, group 2k: x block 8b + 2k) and 64k + 32 + 8mm.. (high, group 2k + 1). The min term
-// meets a quarter of each block's s (the unit holds 8 of its 32 weights).
+// nibbles, x words xw, xw + 1) and 64k + 32 + 8mm.. (high nibbles, xw + 8, xw + 9).
 fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 4u;
     let j = u & 15u;
     let k = j >> 2u;
-    let mm = j & 3u;
     let i = (rb + b * 144u) >> 2u;
-    let dd = unpack2x16float(w[i]);
-    let s0 = w[i + 1u];
-    let s1 = w[i + 2u];
-    let s2 = w[i + 3u];
-    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
-    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
-    let qi = i + 4u + 2u * j;
-    let q0 = w[qi];
-    let q1 = w[qi + 1u];
-    let xw = xb + 64u * b + 16u * k + 2u * mm;
+    let q0 = w[i + 4u + 2u * j];
+    let q1 = w[i + 5u + 2u * j];
+    let xw = xb + 64u * b + 16u * k + 2u * (j & 3u);
     let lo = dot4I8Packed(q0 & 0x0F0F0F0Fu, xq[xw]) + dot4I8Packed(q1 & 0x0F0F0F0Fu, xq[xw + 1u]);
     let hi = dot4I8Packed((q0 >> 4u) & 0x0F0F0F0Fu, xq[xw + 8u]) + dot4I8Packed((q1 >> 4u) & 0x0F0F0F0Fu, xq[xw + 9u]);
-    let dl = xds(xb, 8u * b + 2u * k);
-    let dh = xds(xb, 8u * b + 2u * k + 1u);
-    let dot_q = sm0.x * dl.x * f32(lo) + sm1.x * dh.x * f32(hi);
-    let dot_m = 0.25 * (sm0.y * dl.y + sm1.y * dh.y);
-    return dd.x * dot_q - dd.y * dot_m;
+    return k_unit_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
 }
 
 // @@ q5k
-// Q5_K unit as mv_q4k_q8, with the fifth bits (see mv_q5k).
+// Q5_K unit as mv_q4k_q8, with the fifth bits (q5k_bytes).
 fn mv_q5k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 4u;
     let j = u & 15u;
     let k = j >> 2u;
-    let mm = j & 3u;
     let i = (rb + b * 176u) >> 2u;
-    let dd = unpack2x16float(w[i]);
-    let s0 = w[i + 1u];
-    let s1 = w[i + 2u];
-    let s2 = w[i + 3u];
-    let sm0 = scale_min_k4_w(s0, s1, s2, 2u * k);
-    let sm1 = scale_min_k4_w(s0, s1, s2, 2u * k + 1u);
-    let h0 = w[i + 4u + 2u * mm] >> (2u * k);
-    let h1 = w[i + 5u + 2u * mm] >> (2u * k);
-    let qi = i + 12u + 2u * j;
-    let q0 = w[qi];
-    let q1 = w[qi + 1u];
-    let l0 = (q0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4u);
-    let l1 = (q1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4u);
-    let u0 = ((q0 >> 4u) & 0x0F0F0F0Fu) | ((h0 & 0x02020202u) << 3u);
-    let u1 = ((q1 >> 4u) & 0x0F0F0F0Fu) | ((h1 & 0x02020202u) << 3u);
-    let xw = xb + 64u * b + 16u * k + 2u * mm;
-    let lo = dot4I8Packed(l0, xq[xw]) + dot4I8Packed(l1, xq[xw + 1u]);
-    let hi = dot4I8Packed(u0, xq[xw + 8u]) + dot4I8Packed(u1, xq[xw + 9u]);
-    let dl = xds(xb, 8u * b + 2u * k);
-    let dh = xds(xb, 8u * b + 2u * k + 1u);
-    let dot_q = sm0.x * dl.x * f32(lo) + sm1.x * dh.x * f32(hi);
-    let dot_m = 0.25 * (sm0.y * dl.y + sm1.y * dh.y);
-    return dd.x * dot_q - dd.y * dot_m;
+    let v = q5k_bytes(i, j);
+    let xw = xb + 64u * b + 16u * k + 2u * (j & 3u);
+    let lo = dot4I8Packed(v.x, xq[xw]) + dot4I8Packed(v.y, xq[xw + 1u]);
+    let hi = dot4I8Packed(v.z, xq[xw + 8u]) + dot4I8Packed(v.w, xq[xw + 9u]);
+    return k_unit_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
 }
 
 // @@ q6k
-// Q6_K unit (b, j) as mv_q6k: its four 4-weight runs i lie in x blocks 8b + 4n + i.
+// Q6_K unit (b, j) as mv_q6k: run i lies in x block 8b + 4n + i (x words xw + 8i).
 fn mv_q6k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 4u;
     let j = u & 15u;
     let n = j >> 3u;
     let m = j & 7u;
     let off = rb + b * 210u;
-    let qa = u32_at(off + 64u * n + 4u * m);
-    let qb = u32_at(off + 64u * n + 32u + 4u * m);
-    let qh = u32_at(off + 128u + 32u * n + 4u * m);
-    let s0 = u32_at(off + 192u + 8u * n);
-    let s1 = u32_at(off + 196u + 8u * n);
+    let q = q6k_unit(off, n, m);
     let xw = xb + 64u * b + 32u * n + m;
-    let a0 = dot4I8Packed(bytes_minus((qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4u), 0x20202020u), xq[xw]);
-    let a1 = dot4I8Packed(bytes_minus((qb & 0x0F0F0F0Fu) | (((qh >> 2u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 8u]);
-    let a2 = dot4I8Packed(bytes_minus(((qa >> 4u) & 0x0F0F0F0Fu) | (((qh >> 4u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 16u]);
-    let a3 = dot4I8Packed(bytes_minus(((qb >> 4u) & 0x0F0F0F0Fu) | (((qh >> 6u) & 0x03030303u) << 4u), 0x20202020u), xq[xw + 24u]);
     let xd = 8u * b + 4u * n;
-    let sh = 8u * (m >> 2u);
-    let s = f32(i8_of((s0 >> sh) & 0xFFu)) * xds(xb, xd).x * f32(a0)
-        + f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)) * xds(xb, xd + 1u).x * f32(a1)
-        + f32(i8_of((s1 >> sh) & 0xFFu)) * xds(xb, xd + 2u).x * f32(a2)
-        + f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)) * xds(xb, xd + 3u).x * f32(a3);
-    return f16_at(off + 208u) * s;
+    let a = vec4<f32>(
+        xds(xb, xd).x * f32(dot4I8Packed(bytes_minus(q.v.x, 0x20202020u), xq[xw])),
+        xds(xb, xd + 1u).x * f32(dot4I8Packed(bytes_minus(q.v.y, 0x20202020u), xq[xw + 8u])),
+        xds(xb, xd + 2u).x * f32(dot4I8Packed(bytes_minus(q.v.z, 0x20202020u), xq[xw + 16u])),
+        xds(xb, xd + 3u).x * f32(dot4I8Packed(bytes_minus(q.v.w, 0x20202020u), xq[xw + 24u])),
+    );
+    return f16_at(off + 208u) * dot(q.sc, a);
 }
 // @@ end

@@ -78,3 +78,30 @@ fn replay_matches_direct_runs_and_refuses_what_it_cannot_replay() -> Result<()> 
     }
     Ok(())
 }
+
+/// The direct path's per-dispatch profile (`GpuContext::profile_dispatches`): every dispatch
+/// counted under its op and grid, results unchanged, and the context usable afterwards.
+#[test]
+fn dispatch_profile_counts_each_dispatch() -> Result<()> {
+    for dev in gpu_devices() {
+        let ctx = dev.gpu().expect("a GPU device").clone();
+        let x = Tensor::from_vec(rand_vec(2, 1000), [1000], &Device::Cpu)?.to_device(dev)?;
+        let want = x.exp()?.scale(2.0)?.exp()?.to_vec_f32()?;
+        let (y, ops) = ctx.profile_dispatches(|| x.exp()?.scale(2.0)?.exp())?;
+        check_close(&format!("profiled result on {}", dev.name()), &y.to_vec_f32()?, &want, 0.0, 0.0)
+            .unwrap_or_else(|m| panic!("{m}"));
+        let Some(ops) = ops else {
+            eprintln!("{}: no timestamp queries, no profile", dev.name());
+            continue;
+        };
+        let count = |name: &str| ops.iter().filter(|o| o.0.starts_with(name)).map(|o| o.1).sum::<usize>();
+        assert_eq!(ops.iter().map(|o| o.1).sum::<usize>(), 3, "{ops:?} on {}", dev.name());
+        assert_eq!(count("exp "), 2, "{ops:?}");
+        assert!(ops.iter().all(|o| o.2 >= 0.0 && o.2 < 1.0), "{ops:?}");
+        // A second profile, then normal work: nothing left behind.
+        assert!(ctx.profile_dispatches(|| x.exp())?.1.is_some_and(|o| o.len() == 1));
+        check_close("after the profile", &x.exp()?.scale(2.0)?.exp()?.to_vec_f32()?, &want, 0.0, 0.0)
+            .unwrap_or_else(|m| panic!("{m}"));
+    }
+    Ok(())
+}

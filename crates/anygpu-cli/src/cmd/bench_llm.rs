@@ -82,13 +82,7 @@ fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64
         made as f64 / t0.elapsed().as_secs_f64()
     };
     if std::env::var("ANYGPU_PROFILE_DECODE").is_ok_and(|v| v == "1") {
-        if let Some(ops) = cache.profile_decode()? {
-            let total: f64 = ops.iter().map(|o| o.2).sum();
-            eprintln!("anygpu: decode step GPU time by op (one pass per dispatch, {:.3} ms in all):", total * 1e3);
-            for (op, count, s) in ops {
-                eprintln!("  {op:<40} {count:>4} dispatches {:>9.1} µs {:>5.1}%", s * 1e6, 100.0 * s / total);
-            }
-        }
+        print_profile("decode step", cache.profile_decode()?);
     }
     if let Some(s) = cache.decode_stats().filter(|s| s.steps > 0) {
         let ms = |v: f64| v * 1e3 / s.steps as f64;
@@ -106,6 +100,28 @@ fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64
         );
     }
     Ok(rate)
+}
+
+/// One more prefill of `n` tokens with each dispatch timed on its own (`ANYGPU_PROFILE_PREFILL=1`),
+/// printed per op and grid on stderr.
+fn profile_prefill(model: &Llama, n: usize) -> anygpu_core::Result<()> {
+    let Some(g) = model.device().gpu() else { return Ok(()) };
+    let ((), ops) = g.profile_dispatches(|| pp(model, n, 0).map(|_| ()))?;
+    print_profile(&format!("prefill of {n} tokens"), ops);
+    Ok(())
+}
+
+/// A profile's table on stderr: op and grid, dispatches, µs, share.
+fn print_profile(what: &str, ops: Option<Vec<(String, usize, f64)>>) {
+    let Some(ops) = ops else {
+        eprintln!("anygpu: {what}: no profile (the device has no timestamp queries)");
+        return;
+    };
+    let total: f64 = ops.iter().map(|o| o.2).sum();
+    eprintln!("anygpu: {what}, GPU time by op (one pass per dispatch, {:.3} ms in all):", total * 1e3);
+    for (op, count, s) in ops {
+        eprintln!("  {op:<40} {count:>4} dispatches {:>9.1} µs {:>5.1}%", s * 1e6, 100.0 * s / total);
+    }
 }
 
 pub fn run(device: Option<&str>, args: Args) -> CliResult {
@@ -129,6 +145,9 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         let v =
             (0..reps).map(|r| pp(&lm.model, args.n_prompt, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
+        if std::env::var("ANYGPU_PROFILE_PREFILL").is_ok_and(|v| v == "1") {
+            profile_prefill(&lm.model, args.n_prompt)?;
+        }
         rows.push(Row {
             model: name.clone(),
             size_mib: lm.model.weight_bytes() >> 20,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::kernel::{Compiled, KernelSpec, Pipeline, PipelineCache, PipelineKey};
 use super::pool::{size_class, BufferPool, STORAGE_USAGE};
+use super::profile::{self, DispatchProfile};
 use super::replay::{Recorded, Recording};
 use crate::device::{AdapterEntry, Capabilities, DeviceInfo};
 use crate::error::{Error, Result};
@@ -104,6 +105,8 @@ pub(super) struct Pending {
     pass: Option<wgpu::ComputePass<'static>>,
     /// Set while a thread records (see [`GpuContext::record`]).
     recording: Option<Recording>,
+    /// Set while dispatches are timed one by one (see [`GpuContext::profile_dispatches`]).
+    profile: Option<DispatchProfile>,
     /// Commands waiting, in order, for a kernel still compiling (see [`GpuContext::pipeline`]);
     /// counted in `commands`. Every later command joins the queue until it drains.
     deferred: std::collections::VecDeque<Deferred>,
@@ -610,6 +613,21 @@ impl GpuContext {
         if self.has_error() {
             return; // an invalid bind group would invalidate the whole batch; `check` reports it
         }
+        if let Some((set, i)) = pending.profile.as_mut().and_then(|p| Some((p.set.clone(), p.next(op, workgroups)?))) {
+            let enc = self.open_encoder(pending);
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("profiled dispatch"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(2 * i),
+                    end_of_pass_write_index: Some(2 * i + 1),
+                }),
+            });
+            pass.set_pipeline(&kernel.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+            return;
+        }
         let pass = self.open_pass(pending);
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
@@ -840,6 +858,55 @@ impl GpuContext {
         ];
         let ns = t[1].saturating_sub(t[0]) as f64 * self.queue.get_timestamp_period() as f64;
         Ok((out, Some(ns * 1e-9)))
+    }
+
+    /// Runs `f` (which issues GPU work on the direct path, not recorded for replay) with each
+    /// dispatch in a compute pass of its own between two timestamps; returns its result and the
+    /// GPU time per op and grid (`profile::tally`), or None without timestamp queries. Only the
+    /// first `profile::MAX_TIMED` dispatches are timed. For ranking where a workload's time
+    /// goes (`anygpu bench llm` with `ANYGPU_PROFILE_PREFILL=1`): the passes add their own
+    /// cost.
+    pub fn profile_dispatches<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Option<profile::OpTimes>)> {
+        const OP: &str = "dispatch profile";
+        if !self.caps.timestamp_query {
+            return f().map(|t| (t, None));
+        }
+        {
+            let mut pending = self.lock(OP)?;
+            self.not_recording(OP)?;
+            if pending.profile.is_some() {
+                return Err(Error::gpu(OP, "a dispatch profile is already being taken on this device"));
+            }
+            self.submit_locked(&mut pending);
+            pending.profile = Some(DispatchProfile::new(&self.device));
+        }
+        let out = f();
+        let prof = {
+            let mut pending = self.lock(OP)?;
+            self.encode_deferred(&mut pending, true);
+            pending.profile.take()
+        };
+        let out = out?;
+        let Some(prof) = prof.filter(|p| !p.ops.is_empty()) else {
+            return Ok((out, Some(Vec::new())));
+        };
+        let n = prof.ops.len() as u64;
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(OP),
+            size: 16 * n,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        {
+            let mut pending = self.lock(OP)?;
+            let enc = self.encoder_for_commands(&mut pending);
+            enc.resolve_query_set(&prof.set, 0..2 * n as u32, &resolve, 0);
+            pending.commands += 1;
+        }
+        let bytes = self.read(&resolve, 0, 16 * n)?;
+        let secs = profile::pair_seconds(&bytes, n as usize, self.queue.get_timestamp_period() as f64);
+        let timed = prof.ops.into_iter().zip(secs).map(|((op, grid), s)| (op, grid, s));
+        Ok((out, Some(profile::tally(timed))))
     }
 
     /// An empty compute pass that writes timestamp `index` of `set` when the GPU reaches it.

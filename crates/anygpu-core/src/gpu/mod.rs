@@ -3,6 +3,7 @@
 mod context;
 pub mod kernel;
 pub mod pool;
+pub mod profile;
 pub mod replay;
 
 pub use context::{Bind, GpuBuffer, GpuContext};

@@ -489,7 +489,7 @@ impl Replay {
     /// largest first. The separate passes add their own cost (~tens of µs each on the H100
     /// machine), so the figures rank the ops, they do not add up to a normal run. None without
     /// timestamp queries.
-    pub fn profile(&mut self, pos: u32) -> Result<Option<Vec<(String, usize, f64)>>> {
+    pub fn profile(&mut self, pos: u32) -> Result<Option<super::profile::OpTimes>> {
         const OP: &str = "replay profile";
         if !self.ctx.caps.timestamp_query || self.steps.is_empty() {
             return Ok(None);
@@ -531,23 +531,8 @@ impl Replay {
             ctx.queue.submit([enc.finish()]);
         }
         let bytes = ctx.read(&resolve, 0, 16 * n as u64)?;
-        let period = ctx.queue.get_timestamp_period() as f64 * 1e-9;
-        let mut by_op: Vec<(String, usize, f64)> = Vec::new();
-        for (i, s) in self.steps.iter().enumerate() {
-            let t = |k: usize| u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().unwrap_or_default());
-            let dt = t(2 * i + 1).saturating_sub(t(2 * i)) as f64 * period;
-            // Named by op and grid: the products of different matrices are told apart.
-            let key = format!("{} {:?}", s.op, s.workgroups);
-            match by_op.iter_mut().find(|(op, _, _)| *op == key) {
-                Some(e) => {
-                    e.1 += 1;
-                    e.2 += dt;
-                }
-                None => by_op.push((key, 1, dt)),
-            }
-        }
-        by_op.sort_by(|a, b| b.2.total_cmp(&a.2));
-        Ok(Some(by_op))
+        let secs = super::profile::pair_seconds(&bytes, n as usize, ctx.queue.get_timestamp_period() as f64);
+        Ok(Some(super::profile::tally(self.steps.iter().zip(secs).map(|(s, dt)| (s.op.to_string(), s.workgroups, dt)))))
     }
 
     /// The read-back buffer `i` (of two, used in turn), at least `size` bytes.

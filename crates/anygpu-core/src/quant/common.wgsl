@@ -11,6 +11,11 @@
 // `deq8_<type>(rb, c, cols)` expands the 8 consecutive weights at columns c..c+8 (c a multiple of
 // 8) of the row whose first byte is `rb`; the tiled matmul and the row gather use it. The float
 // operations follow quant/dequant.rs (the CPU reference), e.g. (q - 8) * d for Q4_0.
+//
+// Types whose run of 8 lies in four words (Q4_0, Q4_1, Q5_1, Q8_0) split it in two:
+// `raw8_<type>(rb, c)` loads the words and `dec8_<type>(r, rb, c)` decodes them, so a kernel can
+// issue the loads early and decode once they have arrived (the coop prefill kernel loads the
+// next step's runs before its products); `deq8_<type>` is the two in a row.
 
 struct V8 {
     lo: vec4<f32>,
@@ -32,15 +37,17 @@ fn f16_at(off: u32) -> f32 {
     return unpack2x16float(u16_at(off)).x;
 }
 
-// The u32 at any byte offset: a funnel shift of the two words it spans. (WGSL takes shift
-// amounts modulo 32, hence the select for the aligned case rather than `hi << 32`.) Reading
-// `w[i + 1]` past the end of the binding is clamped by WGSL's bounds rules, and then unused.
+// The u32 at byte `s / 8` of the 8 bytes `lo`, `hi` (s a multiple of 8 below 32). WGSL takes
+// shift amounts modulo 32, hence the select for the aligned case rather than `hi << 32`.
+fn funnel(lo: u32, hi: u32, s: u32) -> u32 {
+    return select((lo >> s) | (hi << (32u - s)), lo, s == 0u);
+}
+
+// The u32 at any byte offset: a funnel shift of the two words it spans. Reading `w[i + 1]` past
+// the end of the binding is clamped by WGSL's bounds rules, and then unused.
 fn u32_at(off: u32) -> u32 {
     let i = off >> 2u;
-    let s = (off & 3u) * 8u;
-    let lo = w[i];
-    let hi = w[i + 1u];
-    return select((lo >> s) | (hi << (32u - s)), lo, s == 0u);
+    return funnel(w[i], w[i + 1u], (off & 3u) * 8u);
 }
 
 // The four bytes of `q` as floats, minus `bias`. Exact: a byte b placed in the mantissa of
@@ -68,6 +75,13 @@ fn i8x4(q: u32) -> vec4<f32> {
 // Bits 0..3 of `h` moved to bit 4 of bytes 0..3: the fifth bit of four Q5 weights.
 fn spread4(h: u32) -> u32 {
     return ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
+}
+
+// The raw words of a run whose block has its f16 d at byte `off` and whose 8 quant bytes start
+// at byte `qo` (both even): d's word, then the three words spanning the bytes (Q4_0, Q8_0).
+fn raw_d_q8b(off: u32, qo: u32) -> vec4<u32> {
+    let i = qo >> 2u;
+    return vec4<u32>(w[off >> 2u], w[i], w[i + 1u], w[i + 2u]);
 }
 
 // A signed byte (Q6_K scales).
@@ -129,25 +143,37 @@ fn deq8_bf16(rb: u32, c: u32, cols: u32) -> V8 {
 // ---- 32-weight blocks --------------------------------------------------------------------------
 
 // @@ q4_0
-// Q4_0 (18 B: d, qs[16]): byte l holds weight l (low nibble) and l + 16 (high nibble).
-fn deq8_q4_0(rb: u32, c: u32, cols: u32) -> V8 {
+// Q4_0 (18 B: d, qs[16]): byte l holds weight l (low nibble) and l + 16 (high nibble). A run's
+// words: the one holding d, then the three spanning its 8 quant bytes (at an even offset).
+fn raw8_q4_0(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 18u;
-    let j = c & 31u;
-    let d = f16_at(off);
-    let qo = off + 2u + (j & 15u);
-    let sh = (j >> 4u) * 4u;
-    return V8((nib4(u32_at(qo) >> sh) - 8.0) * d, (nib4(u32_at(qo + 4u) >> sh) - 8.0) * d);
+    return raw_d_q8b(off, off + 2u + (c & 15u));
+}
+fn dec8_q4_0(r: vec4<u32>, rb: u32, c: u32) -> V8 {
+    let off = rb + (c >> 5u) * 18u;
+    let d = unpack2x16float(r.x >> ((off & 2u) * 8u)).x;
+    let s = ((off + 2u + (c & 15u)) & 3u) * 8u;
+    let sh = ((c >> 4u) & 1u) * 4u;
+    return V8((nib4(funnel(r.y, r.z, s) >> sh) - 8.0) * d, (nib4(funnel(r.z, r.w, s) >> sh) - 8.0) * d);
+}
+fn deq8_q4_0(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q4_0(raw8_q4_0(rb, c), rb, c);
 }
 
 // @@ q4_1
-// Q4_1 (20 B: d, m, qs[16]): w = d * q + m.
-fn deq8_q4_1(rb: u32, c: u32, cols: u32) -> V8 {
+// Q4_1 (20 B: d, m, qs[16]): w = d * q + m. Blocks start at words (rows too: whole blocks).
+fn raw8_q4_1(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 20u;
-    let j = c & 31u;
-    let dm = unpack2x16float(w[off >> 2u]);
-    let qi = (off + 4u + (j & 15u)) >> 2u;
-    let sh = (j >> 4u) * 4u;
-    return V8(nib4(w[qi] >> sh) * dm.x + dm.y, nib4(w[qi + 1u] >> sh) * dm.x + dm.y);
+    let qi = (off + 4u + (c & 15u)) >> 2u;
+    return vec4<u32>(w[off >> 2u], w[qi], w[qi + 1u], 0u);
+}
+fn dec8_q4_1(r: vec4<u32>, rb: u32, c: u32) -> V8 {
+    let dm = unpack2x16float(r.x);
+    let sh = ((c >> 4u) & 1u) * 4u;
+    return V8(nib4(r.y >> sh) * dm.x + dm.y, nib4(r.z >> sh) * dm.x + dm.y);
+}
+fn deq8_q4_1(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q4_1(raw8_q4_1(rb, c), rb, c);
 }
 
 // @@ q5_0
@@ -166,26 +192,39 @@ fn deq8_q5_0(rb: u32, c: u32, cols: u32) -> V8 {
 
 // @@ q5_1
 // Q5_1 (24 B: d, m, qh, qs[16]): w = d * q + m.
-fn deq8_q5_1(rb: u32, c: u32, cols: u32) -> V8 {
+fn raw8_q5_1(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 24u;
-    let j = c & 31u;
     let i = off >> 2u;
-    let dm = unpack2x16float(w[i]);
-    let qh = w[i + 1u];
-    let qi = (off + 8u + (j & 15u)) >> 2u;
+    let qi = (off + 8u + (c & 15u)) >> 2u;
+    return vec4<u32>(w[i], w[i + 1u], w[qi], w[qi + 1u]);
+}
+fn dec8_q5_1(r: vec4<u32>, rb: u32, c: u32) -> V8 {
+    let j = c & 31u;
+    let dm = unpack2x16float(r.x);
     let sh = (j >> 4u) * 4u;
-    let a = ((w[qi] >> sh) & 0x0F0F0F0Fu) | spread4(qh >> j);
-    let b = ((w[qi + 1u] >> sh) & 0x0F0F0F0Fu) | spread4(qh >> (j + 4u));
+    let a = ((r.z >> sh) & 0x0F0F0F0Fu) | spread4(r.y >> j);
+    let b = ((r.w >> sh) & 0x0F0F0F0Fu) | spread4(r.y >> (j + 4u));
     return V8(u8x4(a) * dm.x + dm.y, u8x4(b) * dm.x + dm.y);
+}
+fn deq8_q5_1(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q5_1(raw8_q5_1(rb, c), rb, c);
 }
 
 // @@ q8_0
-// Q8_0 (34 B: d, qs[32] signed): w = d * q.
-fn deq8_q8_0(rb: u32, c: u32, cols: u32) -> V8 {
+// Q8_0 (34 B: d, qs[32] signed): w = d * q. A run's words: the one holding d, then the three
+// spanning its 8 quant bytes (at an even offset).
+fn raw8_q8_0(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 34u;
-    let d = f16_at(off);
-    let qo = off + 2u + (c & 31u);
-    return V8(i8x4(u32_at(qo)) * d, i8x4(u32_at(qo + 4u)) * d);
+    return raw_d_q8b(off, off + 2u + (c & 31u));
+}
+fn dec8_q8_0(r: vec4<u32>, rb: u32, c: u32) -> V8 {
+    let off = rb + (c >> 5u) * 34u;
+    let d = unpack2x16float(r.x >> ((off & 2u) * 8u)).x;
+    let s = ((off + 2u + (c & 31u)) & 3u) * 8u;
+    return V8(i8x4(funnel(r.y, r.z, s)) * d, i8x4(funnel(r.z, r.w, s)) * d);
+}
+fn deq8_q8_0(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q8_0(raw8_q8_0(rb, c), rb, c);
 }
 // @@ end
 

@@ -25,12 +25,11 @@
 //!
 //! # Speed (H100, n = 512; `coop_prefill_speed`, BENCHMARKS.md)
 //!
-//! 60-102 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (F16 weights fastest:
-//! their runs are raw words, converted after the products; quantized runs are decoded after
-//! them), 6-28 on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the
-//! tiled f32 kernel. At n = 512 a 4096-row matrix gives only 128 workgroups, about one per SM,
-//! so nothing overlaps a workgroup's barriers and load waits: that, not the tensor cores (a few
-//! hundred TFLOP/s), is what bounds it there.
+//! 70-113 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (x rounded to f16
+//! first, W runs loaded before the products where the type allows: see the WGSL header), 6-28
+//! on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the tiled f32
+//! kernel. `ANYGPU_COOP_XF32=1` and `ANYGPU_COOP_WLATE=1` (read once) bring back the f32 x runs
+//! and the late W loads, for comparisons.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -162,12 +161,97 @@ fn tile_override() -> u32 {
 pub(super) struct Plan {
     /// x rows per workgroup tile: 64 or 128.
     bx: u32,
-    /// x read as vec4: `cols` and x's element offset are multiples of 4 (then so is every
+    /// How x is read.
+    x: XAccess,
+    /// How W runs are staged.
+    w_load: WLoad,
+}
+
+/// How the kernel reads x (its WGSL section).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum XAccess {
+    /// f32 elements, masked as read: any `cols` and offset.
+    #[default]
+    Scalar,
+    /// f32 vec4s: `cols` and x's element offset are multiples of 4 (then so is every
     /// dispatch's x_off: bindings start at multiples of 256 bytes).
-    x_vec: bool,
-    /// W read as raw f16 words, converted after the products (F16 rows of even length, which
-    /// start at 4-byte boundaries); otherwise each run of 8 is decoded by `deq8`.
-    w_raw: bool,
+    Vec,
+    /// f16, rounded (and clamped) by [`x_to_f16`] before the product: one 16-byte load per run
+    /// of 8 instead of two, half the bytes and registers. `cols` a multiple of 8, x's offset
+    /// of 4.
+    Half,
+}
+
+impl XAccess {
+    const ALL: [XAccess; 3] = [XAccess::Scalar, XAccess::Vec, XAccess::Half];
+
+    fn for_shape(cols: usize, x_offset: usize) -> XAccess {
+        if cols.is_multiple_of(8) && x_offset.is_multiple_of(4) && !x_f32_forced() {
+            XAccess::Half
+        } else if cols.is_multiple_of(4) && x_offset.is_multiple_of(4) {
+            XAccess::Vec
+        } else {
+            XAccess::Scalar
+        }
+    }
+
+    /// The kernel's x section.
+    fn tag(self, emulated: bool) -> &'static str {
+        match (self, emulated) {
+            (XAccess::Scalar, false) => "xscalar",
+            (XAccess::Vec, false) => "xvec",
+            (XAccess::Half, false) => "xhalf",
+            (XAccess::Scalar, true) => "xscalar_emu",
+            (XAccess::Vec, true) => "xvec_emu",
+            (XAccess::Half, true) => "xhalf_emu",
+        }
+    }
+}
+
+/// `ANYGPU_COOP_XF32=1` (read once): x read as f32 and rounded as staged, as before the f16
+/// copy (for A/B measurements).
+fn x_f32_forced() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_XF32").is_ok_and(|v| v == "1"))
+}
+
+/// How the kernel stages its runs of 8 weights (see [`w_loader`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum WLoad {
+    /// Raw f16 words loaded before the products, converted after them: F16 rows of even
+    /// length (which start at 4-byte boundaries).
+    F16Raw,
+    /// The type's four raw words (`raw8_<type>`) loaded before the products, decoded
+    /// (`dec8_<type>`) after them: the 32-weight types whose runs fit four words.
+    Early,
+    /// Loaded and decoded (`deq8`) after the products, which wait for nothing then: the rest.
+    #[default]
+    Late,
+}
+
+impl WLoad {
+    const ALL: [WLoad; 3] = [WLoad::F16Raw, WLoad::Early, WLoad::Late];
+
+    /// The loader for `ty` with rows of `cols` weights.
+    fn for_type(ty: GgmlType, cols: usize) -> WLoad {
+        match ty {
+            GgmlType::F16 if cols.is_multiple_of(2) => WLoad::F16Raw,
+            _ if has_raw8(ty) && !late_forced() => WLoad::Early,
+            _ => WLoad::Late,
+        }
+    }
+}
+
+/// Types with `raw8_<type>` / `dec8_<type>` in common.wgsl.
+fn has_raw8(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_0)
+}
+
+/// `ANYGPU_COOP_WLATE=1` (read once): every quantized type decoded after the products, as
+/// before the early loads (for A/B measurements).
+fn late_forced() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_WLATE").is_ok_and(|v| v == "1"))
 }
 
 impl Plan {
@@ -192,11 +276,12 @@ impl Plan {
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan {
-            bx,
-            x_vec: cols.is_multiple_of(4) && x_offset.is_multiple_of(4),
-            w_raw: ty == GgmlType::F16 && cols.is_multiple_of(2),
-        })
+        Ok(Plan { bx, x: XAccess::for_shape(cols, x_offset), w_load: WLoad::for_type(ty, cols) })
+    }
+
+    /// Whether x goes in as f16 ([`x_to_f16`] first).
+    pub(super) fn x_half(&self) -> bool {
+        self.x == XAccess::Half
     }
 
     /// The kernel for `ty` with this plan's tile and x access.
@@ -206,7 +291,7 @@ impl Plan {
 
     fn spec_as(&self, ty: GgmlType, emulated: bool) -> KernelSpec {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
-        let spec = KernelSpec::new(name, source(ty, self.x_vec, self.w_raw, emulated), "matmul").with("enable f16;");
+        let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
         spec.constant_u32("BX", self.bx)
     }
@@ -234,6 +319,51 @@ impl Plan {
         ctx.dispatch(pipeline, OP, bytemuck::bytes_of(&params), binds, ctx.grid_1d(u(groups)?))
     }
 }
+
+/// x [n, cols] (f32, contiguous from its buffer's element `offset`, a multiple of 4) rounded to
+/// f16 as the kernel's xvec section rounds it (clamped to ±65504), into a new f16 tensor for
+/// the `Half` access: one dispatch, a few µs against the product's hundreds.
+pub(super) fn x_to_f16(ctx: &GpuContext, x: &crate::Tensor) -> Result<crate::Tensor> {
+    const OP: &str = "qmatmul x to f16";
+    let len = x.numel();
+    let out = crate::Tensor::gpu_empty(x.shape().clone(), crate::DType::F16, x.device())?;
+    let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
+    let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
+    let offset = x.layout().offset;
+    if !len.is_multiple_of(8) || !offset.is_multiple_of(4) {
+        return Err(Error::shape(OP, format!("{len} elements at offset {offset} are not whole runs of 8")));
+    }
+    let spec = KernelSpec::new("qmatmul_x_f16", X_F16_WGSL, "main").with("enable f16;");
+    let pipeline = ctx.pipeline(&spec, &[])?;
+    let runs = to_u32(OP, len / 8)?;
+    let params = [runs, to_u32(OP, offset / 4)?, 0, 0];
+    let binds = [Bind::Whole(xbuf), Bind::Whole(obuf)];
+    ctx.dispatch(&pipeline, OP, bytemuck::cast_slice(&params), &binds, ctx.grid_1d(runs.div_ceil(256)))?;
+    Ok(out)
+}
+
+const X_F16_WGSL: &str = "// x rounded to f16 for the coop kernel's xhalf section (quant/coop.rs, x_to_f16).
+struct Params {
+    runs: u32,  // runs of 8 elements
+    off4: u32,  // x's first element / 4
+    _pad0: u32,
+    _pad1: u32,
+}
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = gid.x + gid.y * nwg.x * 256u;
+    if (r >= p.runs) {
+        return;
+    }
+    let lim = vec4<f32>(65504.0);
+    y[2u * r] = vec4<f16>(clamp(x[p.off4 + 2u * r], -lim, lim));
+    y[2u * r + 1u] = vec4<f16>(clamp(x[p.off4 + 2u * r + 1u], -lim, lim));
+}
+";
 
 /// One dispatch's shape, as `qmatmul_with` binds it (the tiled kernel's parameters).
 pub(super) struct Dims {
@@ -272,29 +402,30 @@ struct CoopParams {
 
 /// The kernel's WGSL for one type, x access and W loader: common.wgsl with that type's
 /// sections, matmul_coop.wgsl with its `xvec` or `xscalar` section and the W loader
-/// ([`w_loader`]), and the `deq8` forward; or the tests' emulated variant. Built once per
-/// (type, access, loader, variant) and kept (104 strings at most), so the pipeline cache can
-/// key on a `&'static str`.
-fn source(ty: GgmlType, x_vec: bool, w_raw: bool, emulated: bool) -> &'static str {
-    static SOURCES: [[[[OnceLock<&'static str>; 2]; 2]; 2]; 13] =
-        [const { [const { [const { [const { OnceLock::new() }; 2] }; 2] }; 2] }; 13];
+/// ([`w_loader`]), and the forwards to the type's decoders; or the tests' emulated variant.
+/// Built once per (type, access, loader, variant) and kept (156 strings at most), so the
+/// pipeline cache can key on a `&'static str`.
+fn source(ty: GgmlType, x: XAccess, w_load: WLoad, emulated: bool) -> &'static str {
+    static SOURCES: [[[[OnceLock<&'static str>; 2]; 3]; 3]; 13] =
+        [const { [const { [const { [const { OnceLock::new() }; 2] }; 3] }; 3] }; 13];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
-    SOURCES[ti][x_vec as usize][w_raw as usize][emulated as usize].get_or_init(|| {
+    let xi = XAccess::ALL.iter().position(|&a| a == x).unwrap_or(0);
+    let li = WLoad::ALL.iter().position(|&l| l == w_load).unwrap_or(2);
+    SOURCES[ti][xi][li][emulated as usize].get_or_init(|| {
         let name = wgsl_name(ty);
-        let tag = match (x_vec, emulated) {
-            (true, false) => "xvec",
-            (false, false) => "xscalar",
-            (true, true) => "xvec_emu",
-            (false, true) => "xscalar_emu",
-        };
-        let mut kernel = keep_sections(COOP_WGSL, tag).replace("{{W_LOADER}}", w_loader(w_raw));
+        let tag = x.tag(emulated);
+        let mut kernel = keep_sections(COOP_WGSL, tag).replace("{{W_LOADER}}", w_loader(w_load));
         if emulated {
             kernel = emulate(&kernel);
         }
-        let text = format!(
-            "{}\n{kernel}\nfn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}\n",
-            keep_sections(COMMON_WGSL, name)
-        );
+        let forwards = match w_load {
+            WLoad::Early => format!(
+                "fn raw8(rb: u32, c: u32) -> vec4<u32> {{ return raw8_{name}(rb, c); }}\n\
+                 fn dec8(r: vec4<u32>, rb: u32, c: u32) -> V8 {{ return dec8_{name}(r, rb, c); }}\n"
+            ),
+            _ => format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}\n"),
+        };
+        let text = format!("{}\n{kernel}\n{forwards}", keep_sections(COMMON_WGSL, name));
         Box::leak(text.into_boxed_str())
     })
 }
@@ -302,26 +433,40 @@ fn source(ty: GgmlType, x_vec: bool, w_raw: bool, emulated: bool) -> &'static st
 /// How the kernel stages a run of 8 weights (row byte `rb`, column `c`, `n` of them valid):
 /// `ld_w` reads it into a `Raw_w`, `st_w` puts it in the W tile as f16, and `W_EARLY` says
 /// whether `ld_w` can be issued before the products (its loads are left untouched until
-/// `st_w`) or must come after them (it decodes, waiting for its loads).
-fn w_loader(raw: bool) -> &'static str {
-    if raw {
-        "const W_EARLY: u32 = 1u;\n\
+/// `st_w`) or must come after them (it decodes, waiting for its loads). A run of a quantized
+/// row is 0 or 8 weights (rows are whole blocks), so `n` only says whether it is staged.
+fn w_loader(load: WLoad) -> &'static str {
+    match load {
+        WLoad::Early => {
+            "const W_EARLY: u32 = 1u;\n\
+         alias Raw_w = vec4<u32>;\n\
+         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
+             return raw8(rb, c);\n}\n\
+         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
+             let v = dec8(r, rb, c);\n    \
+             sw[at] = select(vec4<f16>(0.0h), vec4<f16>(v.lo), n > 0u);\n    \
+             sw[at + 1u] = select(vec4<f16>(0.0h), vec4<f16>(v.hi), n > 0u);\n}\n"
+        }
+        WLoad::F16Raw => {
+            "const W_EARLY: u32 = 1u;\n\
          alias Raw_w = vec4<u32>;\n\
          fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
              let i = (rb + 2u * c) >> 2u;\n    \
              return vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32) {\n    \
+         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
              sw[at] = mask4(u2h(r.xy), n);\n    \
              sw[at + 1u] = mask4(u2h(r.zw), max(n, 4u) - 4u);\n}\n"
-    } else {
-        "const W_EARLY: u32 = 0u;\n\
+        }
+        WLoad::Late => {
+            "const W_EARLY: u32 = 0u;\n\
          alias Raw_w = V8;\n\
          fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
              if (n == 0u) {\n        return V8(vec4<f32>(0.0), vec4<f32>(0.0));\n    }\n    \
              return deq8(rb, c, p.cols);\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32) {\n    \
+         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
              sw[at] = vec4<f16>(r.lo);\n    \
              sw[at + 1u] = vec4<f16>(r.hi);\n}\n"
+        }
     }
 }
 
@@ -355,7 +500,7 @@ fn emulate(kernel: &str) -> String {
     )
 }
 
-/// Every specialisation of the kernel (each type it takes, both tiles, both x accesses) as
+/// Every specialisation of the kernel (each type it takes, both tiles, the three x accesses) as
 /// (label, WGSL, emulated), the tests' emulated variants included, for offline validation: most
 /// machines cannot run the kernel.
 #[doc(hidden)]
@@ -363,11 +508,15 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
     let mut v = Vec::new();
     for ty in GgmlType::ALL.into_iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16)) {
         for bx in [64, 128] {
-            for x_vec in [false, true] {
-                for w_raw in if ty == GgmlType::F16 { vec![false, true] } else { vec![false] } {
+            for x in XAccess::ALL {
+                for w_load in WLoad::ALL.into_iter().filter(|&l| match l {
+                    WLoad::F16Raw => ty == GgmlType::F16,
+                    WLoad::Early => has_raw8(ty),
+                    WLoad::Late => true,
+                }) {
                     for emulated in [false, true] {
-                        let spec = Plan { bx, x_vec, w_raw }.spec_as(ty, emulated);
-                        let label = format!("{} BX={bx} x_vec={x_vec} w_raw={w_raw}", spec.name);
+                        let spec = Plan { bx, x, w_load }.spec_as(ty, emulated);
+                        let label = format!("{} BX={bx} x={x:?} w_load={w_load:?}", spec.name);
                         v.push((label, spec.source_text(&[]), emulated));
                     }
                 }

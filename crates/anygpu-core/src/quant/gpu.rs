@@ -1263,6 +1263,11 @@ fn qmatmul_with(
     // Dispatched once the product's pipeline exists (a kernel that fails to compile leaves no
     // stray dispatch behind).
     let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
+    // The coop kernel's x as f16 (see coop::XAccess::Half).
+    let xh = match kernel == QKernel::Coop && coop_plan.x_half() {
+        true => Some(super::coop::x_to_f16(&ctx, &x)?),
+        false => None,
+    };
     let resid_buf = match &resid {
         Some(r) => {
             Some((r.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "residual is not on a GPU"))?, r.layout().offset))
@@ -1273,9 +1278,13 @@ fn qmatmul_with(
         Epilogue::RopeKv(r) => Some(RopeKvBinds::new(&ctx, r)?),
         _ => None,
     };
+    // x's bytes per element (f16 for the coop kernel's Half access), its first byte.
+    let (xbuf, x_elem, x_start) = match &xh {
+        Some(h) => (h.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?, 2, 0),
+        None => (xbuf, 4, x.layout().offset as u64 * 4),
+    };
     // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
-    let x_unit = if kernel == QKernel::Matvec && ty.is_quantized() { 16 } else { 4 };
-    let x_start = x.layout().offset as u64 * 4;
+    let x_unit = if kernel == QKernel::Matvec && ty.is_quantized() { 16 } else { x_elem as usize };
     let mut n0 = 0;
     while n0 < n {
         let nc = n_per.min(n - n0);
@@ -1285,7 +1294,9 @@ fn qmatmul_with(
                 (Some(_), _) => window(xbuf.buffer(), x_start, x.numel() as u64 * 4),
                 // Q8 x, whole (one chunk), from its buffer's start: x_off 0 below.
                 (None, Some((qbuf, words))) => (Bind::Slice(qbuf.buffer(), 0, *words as u64 * 4), 0),
-                (None, None) => window(xbuf.buffer(), x_start + (n0 * cols) as u64 * 4, (nc * cols) as u64 * 4),
+                (None, None) => {
+                    window(xbuf.buffer(), x_start + (n0 * cols) as u64 * x_elem, (nc * cols) as u64 * x_elem)
+                }
             };
             let (obind, o_delta) = window(obuf.buffer(), (n0 * out_rows) as u64 * 4, (nc * out_rows) as u64 * 4);
             let mut binds = vec![Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];

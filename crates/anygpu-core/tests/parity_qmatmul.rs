@@ -1028,10 +1028,10 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    // 12 per (type, loader): two tiles, three x accesses, real and emulated. F16 has two
-    // loaders (raw words, decoded), the four 32-weight types whose runs fit four words two
-    // (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 4) * 12);
+    // 24 per (type, loader): two x tiles, two K steps, three x accesses, real and emulated.
+    // F16 has two loaders (raw words, decoded), the four 32-weight types whose runs fit four
+    // words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 4) * 24);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

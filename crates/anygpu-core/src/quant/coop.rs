@@ -16,8 +16,9 @@
 //!
 //! # Tiles
 //!
-//! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows and walks K 32 at a time
-//! (48 KiB of workgroup memory for BX = 128, 38 KiB for BX = 64; see the WGSL header). BX = 128
+//! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows and walks K 64 at a time
+//! through one buffer where W runs are loaded before the products, 32 at a time through two
+//! otherwise ([`step_k`]; at most 48 KiB of workgroup memory, see the WGSL header). BX = 128
 //! decodes each W tile for twice the x rows, but for n = 512 gives only 4 x tiles: shapes with
 //! fewer than [`MIN_WIDE_GROUPS`] such workgroups (most of a small model's matrices) take BX = 64,
 //! which doubles the workgroups that share the GPU. `ANYGPU_QMATMUL_TILE=64|128` (read once)
@@ -54,8 +55,27 @@ pub const MIN_WIDE_GROUPS: usize = 96;
 
 /// Workgroup memory of the kernel for x tiles of `bx` rows: two buffers of the X and W tiles
 /// (rows of 32 + 8 halves) and the 8 KiB f32 scratch (private memory when emulated).
-fn workgroup_bytes(bx: u32) -> u32 {
-    2 * (bx + BW as u32) * 40 * 2 + if emulated() { 0 } else { 8192 }
+fn workgroup_bytes(bx: u32, bk: u32) -> u32 {
+    (64 / bk) * (bx + BW as u32) * (bk + 8) * 2 + if emulated() { 0 } else { 8192 }
+}
+
+/// K per step for W staged by `load`: 64 through one buffer where W runs are loaded before the
+/// products (twice the loads in flight across them: H100, n = 512, 8B Q4_0 gate|up 1247 ->
+/// 1027 us, F16 1113 -> 927; 8B Q4_0 pp512 5,508 -> 6,356 tok/s), 32 through two buffers where
+/// they are loaded after them (Q4_K 1434 -> 1505 with 64: twice the loads waited for per step).
+/// `ANYGPU_COOP_BK=32|64` (read once) forces one, for comparisons.
+fn step_k(load: WLoad) -> u32 {
+    static V: OnceLock<Option<u32>> = OnceLock::new();
+    let forced = *V.get_or_init(|| match std::env::var("ANYGPU_COOP_BK").ok().as_deref() {
+        Some("32") => Some(32),
+        Some("64") => Some(64),
+        None | Some("") => None,
+        Some(v) => {
+            log::warn!("ANYGPU_COOP_BK={v:?} is not 32 or 64; ignored");
+            None
+        }
+    });
+    forced.unwrap_or(if load == WLoad::Late { 32 } else { 64 })
 }
 
 /// See [`set_emulated`].
@@ -84,13 +104,13 @@ pub fn unsupported_reason(ctx: &GpuContext, ty: GgmlType) -> Option<String> {
     } else if emulated && !c.shader_f16 {
         "the device has no f16 shaders (SHADER_F16), which the emulated kernel needs".to_string()
     } else if emulated {
-        if c.max_compute_invocations_per_workgroup >= 256 && c.max_compute_workgroup_storage_size >= workgroup_bytes(64)
+        if c.max_compute_invocations_per_workgroup >= 256 && c.max_compute_workgroup_storage_size >= workgroup_bytes(64, 32)
         {
             return None;
         }
-        format!("the emulated kernel needs 256 invocations and {} bytes of workgroup memory", workgroup_bytes(64))
+        format!("the emulated kernel needs 256 invocations and {} bytes of workgroup memory", workgroup_bytes(64, 32))
     } else {
-        c.coop_f16_unsupported(workgroup_bytes(64))?
+        c.coop_f16_unsupported(workgroup_bytes(64, 32))?
     };
     Some(format!("{OP}: the cooperative-matrix kernel cannot run on {}: {why}", ctx.info.name))
 }
@@ -161,6 +181,8 @@ fn tile_override() -> u32 {
 pub(super) struct Plan {
     /// x rows per workgroup tile: 64 or 128.
     bx: u32,
+    /// K per step: 32 or 64.
+    bk: u32,
     /// How x is read.
     x: XAccess,
     /// How W runs are staged.
@@ -269,14 +291,20 @@ impl Plan {
         if let Some(why) = unsupported_reason(ctx, ty) {
             return Err(Error::Unsupported(why));
         }
-        let wide_fits = workgroup_bytes(128) <= ctx.caps.max_compute_workgroup_storage_size;
+        let w_load = WLoad::for_type(ty, cols);
+        let limit = ctx.caps.max_compute_workgroup_storage_size;
+        let bk = match step_k(w_load) {
+            64 if workgroup_bytes(64, 64) > limit => 32,
+            k => k,
+        };
+        let wide_fits = workgroup_bytes(128, bk) <= limit;
         let bx = match tile_override() {
             128 if wide_fits => 128,
             64 | 128 => 64,
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan { bx, x: XAccess::for_shape(cols, x_offset), w_load: WLoad::for_type(ty, cols) })
+        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load })
     }
 
     /// Whether x goes in as f16 ([`x_to_f16`] first).
@@ -293,7 +321,7 @@ impl Plan {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
         let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-        spec.constant_u32("BX", self.bx)
+        spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk)
     }
 
     /// Records the product of one row slice of W with `d.n` x rows; `binds` are the weight
@@ -507,7 +535,7 @@ fn emulate(kernel: &str) -> String {
 pub fn wgsl_variants() -> Vec<(String, String, bool)> {
     let mut v = Vec::new();
     for ty in GgmlType::ALL.into_iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16)) {
-        for bx in [64, 128] {
+        for (bx, bk) in [(64, 32), (128, 32), (64, 64), (128, 64)] {
             for x in XAccess::ALL {
                 for w_load in WLoad::ALL.into_iter().filter(|&l| match l {
                     WLoad::F16Raw => ty == GgmlType::F16,
@@ -515,8 +543,8 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
                     WLoad::Late => true,
                 }) {
                     for emulated in [false, true] {
-                        let spec = Plan { bx, x, w_load }.spec_as(ty, emulated);
-                        let label = format!("{} BX={bx} x={x:?} w_load={w_load:?}", spec.name);
+                        let spec = Plan { bx, bk, x, w_load }.spec_as(ty, emulated);
+                        let label = format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?}", spec.name);
                         v.push((label, spec.source_text(&[]), emulated));
                     }
                 }

@@ -14,8 +14,10 @@
 //
 // One workgroup of 256 invocations (8 subgroups of 32) owns BX x rows (64 or 128, the host's
 // choice) by BW = 128 W rows. The subgroups form a 2 x 4 grid, each owning BX/2 x rows by 32 W
-// rows: XV x 2 accumulators (XV = BX/32: 2 or 4 A matrices against 2 B matrices). K advances 32
-// at a time through double-buffered workgroup tiles, one barrier per step.
+// rows: XV x 2 accumulators (XV = BX/32: 2 or 4 A matrices against 2 B matrices). K advances BK
+// at a time (the host's KB): 32 through double-buffered workgroup tiles, one barrier per step,
+// or 64 through single-buffered ones, two barriers per step (the host's choice where W runs are
+// loaded before the products: twice the loads in flight across a step's products).
 //
 // As in ops/matmul_coop.wgsl (whose header says why this is what makes it fast), each
 // invocation stages fixed runs of 8 elements whose addresses, workgroup slots and edge tests are
@@ -26,16 +28,17 @@
 // pp512 4,896 -> 5,486 tok/s); the other types' runs are loaded and decoded after the products,
 // so each step waits for their loads once.
 //
-// Workgroup tiles: both are stored K-contiguous, row r of a tile at r * SK halves, SK = 32 + 8:
+// Workgroup tiles: both are stored K-contiguous, row r of a tile at r * SK halves, SK = BK + 8:
 // the 8 halves of padding (16 bytes) put the 8 rows a matrix load touches at once in different
 // banks. The X tile is read as a row-major A ([m][k], coopLoadT), the W tile as a column-major
 // B (B[k][n] = W[n][k] sits at n * SK + k: coopLoad). The arrays hold vec4<f16>, so a run of 8
-// is two of them and the matrix loads' stride counts vec4s (SK4 = SK / 4). Run v of a tile is
-// row v / 4, columns 8 (v % 4) ..; the X tile has BX * 4 runs (XV / 2 per invocation), the W
-// tile 512 (2 per invocation).
+// is two of them and the matrix loads' stride counts vec4s (SK4 = SK / 4). A tile row holds
+// RPR = BK / 8 runs; invocation i stages runs at rows i / RPR + j RSTEP (RSTEP = 256 / RPR),
+// columns 8 (i % RPR) ..: RX of the X tile (1, 2 or 4) and RW of the W tile (2 or 4).
 //
-// Workgroup memory: 2 buffers x (BX + 128) rows x 80 bytes + an 8 KiB f32 scratch (one 16 x 16
-// matrix per subgroup) = 48 KiB for BX = 128, 38 KiB for BX = 64.
+// Workgroup memory: NB buffers (2 for BK = 32, 1 for 64) x (BX + 128) rows x SK halves + an
+// 8 KiB f32 scratch (one 16 x 16 matrix per subgroup): 48 KiB for BX = 128 and BK = 32, 44 KiB
+// for BK = 64.
 //
 // Edges: x rows past n, W rows past `rows` and columns past `cols` are staged as zeros (quantized
 // rows are whole 32-weight blocks, so only F16 rows end mid-step); outputs past them are not
@@ -135,16 +138,28 @@ fn mask4(v: vec4<f16>, n: u32) -> vec4<f16> {
 {{W_LOADER}}
 
 const BW: u32 = 128u;
-const BK: u32 = 32u;
-const SK: u32 = 40u;
-const SK4: u32 = 10u;
-const XV: u32 = BX / 32u;   // A matrices per subgroup
-const SX4: u32 = BX * SK4;  // vec4s per buffered X tile
-const SW4: u32 = BW * SK4;  // vec4s per buffered W tile
+// K per step (the host's KB): 32 through two buffers (one barrier per step), or 64 through one
+// (two barriers per step, and twice the loads in flight across a step's products).
+const BK: u32 = KB;
+const NB: u32 = 64u / BK;       // buffers
+const SK: u32 = BK + 8u;        // halves per tile row
+const SK4: u32 = SK / 4u;
+const RPR: u32 = BK / 8u;       // runs per tile row
+const RSTEP: u32 = 256u / RPR;  // tile rows from one of an invocation's runs to its next
+const RX: u32 = BX / RSTEP;     // x runs per invocation: 1, 2 or 4
+const RW: u32 = BW / RSTEP;     // W runs per invocation: 2 or 4
+const XV: u32 = BX / 32u;       // A matrices per subgroup
+const SX4: u32 = BX * SK4;      // vec4s per buffered X tile
+const SW4: u32 = BW * SK4;      // vec4s per buffered W tile
 
-var<workgroup> sx: array<vec4<f16>, 2u * SX4>;
-var<workgroup> sw: array<vec4<f16>, 2u * SW4>;
+var<workgroup> sx: array<vec4<f16>, NB * SX4>;
+var<workgroup> sw: array<vec4<f16>, NB * SW4>;
 var<workgroup> scratch: array<f32, 2048>;
+
+// n elements of a run whose row is inside the matrix (`ok`), else none.
+fn nv(ok: bool, n: u32) -> u32 {
+    return select(0u, n, ok);
+}
 
 // Valid elements of the run at column c of a row: 0 past the row's end or a row past `len`.
 fn run_len(row_ok: bool, c: u32) -> u32 {
@@ -213,104 +228,137 @@ fn matmul(
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
 
-    // This invocation's runs: x run tid (and tid + 256 when BX = 128), W runs tid and tid + 256.
-    let xr0 = x0 + tid / 4u;
-    let xr1 = xr0 + 64u;
-    let xc = (tid % 4u) * 8u;
-    let x_ok0 = xr0 < p.n;
-    let x_ok1 = XV == 4u && xr1 < p.n;
-    let xi0 = p.x_off + xr0 * p.cols + xc;
-    let xi1 = p.x_off + xr1 * p.cols + xc;
-    // Both tiles are [row][SK]: run v of either sits at the same slot.
-    let s0 = (tid / 4u) * SK4 + (tid % 4u) * 2u;
-    let s1 = s0 + 64u * SK4;
-    let wr = w0 + tid / 4u;
-    let w_ok0 = wr < p.rows;
-    let w_ok1 = wr + 64u < p.rows;
-    let rb0 = p.w_off + wr * p.row_bytes;
-    let rb1 = rb0 + 64u * p.row_bytes;
+    // This invocation's runs: tile rows rr + j RSTEP (j < RX of the X tile, j < RW of the W
+    // tile), columns xc .. xc + 8 of each step. Both tiles are [row][SK]: run j of either sits
+    // at slot s0 + j ds.
+    let rr = tid / RPR;
+    let xc = (tid % RPR) * 8u;
+    let s0 = rr * SK4 + (tid % RPR) * 2u;
+    let ds = RSTEP * SK4;
+    let xr = x0 + rr;
+    let xi = p.x_off + xr * p.cols + xc;
+    let dxi = RSTEP * p.cols;
+    let wr = w0 + rr;
+    let rb = p.w_off + wr * p.row_bytes;
+    let drb = RSTEP * p.row_bytes;
+    let xok0 = xr < p.n;
+    let xok1 = RX > 1u && xr + RSTEP < p.n;
+    let xok2 = RX > 2u && xr + 2u * RSTEP < p.n;
+    let xok3 = RX > 3u && xr + 3u * RSTEP < p.n;
+    let wok0 = wr < p.rows;
+    let wok1 = wr + RSTEP < p.rows;
+    let wok2 = RW > 2u && wr + 2u * RSTEP < p.rows;
+    let wok3 = RW > 3u && wr + 3u * RSTEP < p.rows;
 
     let ntiles = (p.cols + BK - 1u) / BK;
-    var nx0 = run_len(x_ok0, xc);
-    var nx1 = run_len(x_ok1, xc);
-    var nw0 = run_len(w_ok0, xc);
-    var nw1 = run_len(w_ok1, xc);
-    var rx0 = ld_x(xi0, nx0);
+    var nl = run_len(true, xc);
+    var rx0 = ld_x(xi, nv(xok0, nl));
     var rx1 = rx0;
-    if (XV == 4u) {
-        rx1 = ld_x(xi1, nx1);
-        st_x(s1, rx1, nx1);
+    var rx2 = rx0;
+    var rx3 = rx0;
+    if (RX > 1u) {
+        rx1 = ld_x(xi + dxi, nv(xok1, nl));
     }
-    var rw0 = ld_w(rb0, xc, nw0);
-    var rw1 = ld_w(rb1, xc, nw1);
-    st_x(s0, rx0, nx0);
-    st_w(s0, rw0, nw0, rb0, xc);
-    st_w(s1, rw1, nw1, rb1, xc);
+    if (RX > 2u) {
+        rx2 = ld_x(xi + 2u * dxi, nv(xok2, nl));
+        rx3 = ld_x(xi + 3u * dxi, nv(xok3, nl));
+    }
+    var rw0 = ld_w(rb, xc, nv(wok0, nl));
+    var rw1 = ld_w(rb + drb, xc, nv(wok1, nl));
+    var rw2 = rw0;
+    var rw3 = rw0;
+    if (RW > 2u) {
+        rw2 = ld_w(rb + 2u * drb, xc, nv(wok2, nl));
+        rw3 = ld_w(rb + 3u * drb, xc, nv(wok3, nl));
+    }
+    st_x(s0, rx0, nv(xok0, nl));
+    if (RX > 1u) {
+        st_x(s0 + ds, rx1, nv(xok1, nl));
+    }
+    if (RX > 2u) {
+        st_x(s0 + 2u * ds, rx2, nv(xok2, nl));
+        st_x(s0 + 3u * ds, rx3, nv(xok3, nl));
+    }
+    st_w(s0, rw0, nv(wok0, nl), rb, xc);
+    st_w(s0 + ds, rw1, nv(wok1, nl), rb + drb, xc);
+    if (RW > 2u) {
+        st_w(s0 + 2u * ds, rw2, nv(wok2, nl), rb + 2u * drb, xc);
+        st_w(s0 + 3u * ds, rw3, nv(wok3, nl), rb + 3u * drb, xc);
+    }
     workgroupBarrier();
     for (var t = 0u; t < ntiles; t++) {
-        let cur = t % 2u;
+        let cur = select(0u, t % 2u, NB == 2u);
         let more = t + 1u < ntiles;
         let c1 = (t + 1u) * BK + xc;
+        nl = run_len(true, c1);
         if (more) {
             // The next step's runs: loaded now, first used after this step's products.
-            nx0 = run_len(x_ok0, c1);
-            nx1 = run_len(x_ok1, c1);
-            nw0 = run_len(w_ok0, c1);
-            nw1 = run_len(w_ok1, c1);
-            rx0 = ld_x(xi0 + (t + 1u) * BK, nx0);
-            if (XV == 4u) {
-                rx1 = ld_x(xi1 + (t + 1u) * BK, nx1);
+            let xs = (t + 1u) * BK;
+            rx0 = ld_x(xi + xs, nv(xok0, nl));
+            if (RX > 1u) {
+                rx1 = ld_x(xi + dxi + xs, nv(xok1, nl));
+            }
+            if (RX > 2u) {
+                rx2 = ld_x(xi + 2u * dxi + xs, nv(xok2, nl));
+                rx3 = ld_x(xi + 3u * dxi + xs, nv(xok3, nl));
             }
             if (W_EARLY == 1u) {
-                rw0 = ld_w(rb0, c1, nw0);
-                rw1 = ld_w(rb1, c1, nw1);
+                rw0 = ld_w(rb, c1, nv(wok0, nl));
+                rw1 = ld_w(rb + drb, c1, nv(wok1, nl));
+                if (RW > 2u) {
+                    rw2 = ld_w(rb + 2u * drb, c1, nv(wok2, nl));
+                    rw3 = ld_w(rb + 3u * drb, c1, nv(wok3, nl));
+                }
             }
         }
-        // Two K-steps of 16, written out.
-        var a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, 0u)], SK4);
-        var a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, 0u)], SK4);
-        var b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, 0u)], SK4);
-        var b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, 0u)], SK4);
-        c00 = coopMultiplyAdd(a0, b0, c00);
-        c01 = coopMultiplyAdd(a0, b1, c01);
-        c10 = coopMultiplyAdd(a1, b0, c10);
-        c11 = coopMultiplyAdd(a1, b1, c11);
-        if (XV == 4u) {
-            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, 0u)], SK4);
-            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, 0u)], SK4);
-            c20 = coopMultiplyAdd(a2, b0, c20);
-            c21 = coopMultiplyAdd(a2, b1, c21);
-            c30 = coopMultiplyAdd(a3, b0, c30);
-            c31 = coopMultiplyAdd(a3, b1, c31);
+        // BK / 16 K-steps of 16.
+        for (var k = 0u; k < BK; k += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, k)], SK4);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, k)], SK4);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, k)], SK4);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, k)], SK4);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            if (XV == 4u) {
+                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, k)], SK4);
+                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, k)], SK4);
+                c20 = coopMultiplyAdd(a2, b0, c20);
+                c21 = coopMultiplyAdd(a2, b1, c21);
+                c30 = coopMultiplyAdd(a3, b0, c30);
+                c31 = coopMultiplyAdd(a3, b1, c31);
+            }
         }
-        a0 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx, 16u)], SK4);
-        a1 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 16u, 16u)], SK4);
-        b0 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww, 16u)], SK4);
-        b1 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 16u, 16u)], SK4);
-        c00 = coopMultiplyAdd(a0, b0, c00);
-        c01 = coopMultiplyAdd(a0, b1, c01);
-        c10 = coopMultiplyAdd(a1, b0, c10);
-        c11 = coopMultiplyAdd(a1, b1, c11);
-        if (XV == 4u) {
-            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 32u, 16u)], SK4);
-            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&sx[x_at(cur, wx + 48u, 16u)], SK4);
-            c20 = coopMultiplyAdd(a2, b0, c20);
-            c21 = coopMultiplyAdd(a2, b1, c21);
-            c30 = coopMultiplyAdd(a3, b0, c30);
-            c31 = coopMultiplyAdd(a3, b1, c31);
+        if (NB == 1u) {
+            // One buffer: every subgroup is done reading it before it is overwritten.
+            workgroupBarrier();
         }
         if (more) {
             if (W_EARLY == 0u) {
-                rw0 = ld_w(rb0, c1, nw0);
-                rw1 = ld_w(rb1, c1, nw1);
+                rw0 = ld_w(rb, c1, nv(wok0, nl));
+                rw1 = ld_w(rb + drb, c1, nv(wok1, nl));
+                if (RW > 2u) {
+                    rw2 = ld_w(rb + 2u * drb, c1, nv(wok2, nl));
+                    rw3 = ld_w(rb + 3u * drb, c1, nv(wok3, nl));
+                }
             }
-            let nxt = 1u - cur;
-            st_x(nxt * SX4 + s0, rx0, nx0);
-            if (XV == 4u) {
-                st_x(nxt * SX4 + s1, rx1, nx1);
+            let bx = select(0u, 1u - cur, NB == 2u) * SX4 + s0;
+            let bw = select(0u, 1u - cur, NB == 2u) * SW4 + s0;
+            st_x(bx, rx0, nv(xok0, nl));
+            if (RX > 1u) {
+                st_x(bx + ds, rx1, nv(xok1, nl));
             }
-            st_w(nxt * SW4 + s0, rw0, nw0, rb0, c1);
-            st_w(nxt * SW4 + s1, rw1, nw1, rb1, c1);
+            if (RX > 2u) {
+                st_x(bx + 2u * ds, rx2, nv(xok2, nl));
+                st_x(bx + 3u * ds, rx3, nv(xok3, nl));
+            }
+            st_w(bw, rw0, nv(wok0, nl), rb, c1);
+            st_w(bw + ds, rw1, nv(wok1, nl), rb + drb, c1);
+            if (RW > 2u) {
+                st_w(bw + 2u * ds, rw2, nv(wok2, nl), rb + 2u * drb, c1);
+                st_w(bw + 3u * ds, rw3, nv(wok3, nl), rb + 3u * drb, c1);
+            }
         }
         workgroupBarrier();
     }

@@ -1020,6 +1020,66 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
     anygpu_core::testing::validate_wgsl_for_vulkan(src, caps)
 }
 
+/// The coop kernel's GLU epilogue (`qmatmul_glu` of many x rows): silu(gate) * up of the
+/// gate|up stack in the product's own dispatch, against the CPU's product and a host SiLU, on
+/// f16-exact data (the products are exact, only exp differs). F = 131 output columns (three
+/// tiles of 64, the last mostly empty), n = 130 and 70, both x tiles, for an early-loaded type
+/// (Q4_0), a late-decoded one (Q4_K) and raw F16 words; emulated where the device has no
+/// cooperative matrices. Where timestamps allow, the profile shows the product alone: no
+/// separate silu or mul dispatch.
+#[test]
+fn coop_glu_epilogue_matches_composition() {
+    use anygpu_core::quant::coop;
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let f = 131usize;
+    let mut ran = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::F16] {
+        let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
+        let bytes = f16_exact_weights(ty.id() as u64 + 700, ty, 2 * f, cols);
+        let w_cpu = QTensor::from_vec(ty, 2 * f, cols, bytes.clone(), &Device::Cpu).unwrap();
+        for n in [130usize, 70] {
+            let x_cpu = Tensor::from_vec(f16_exact_x(n as u64 + 9, n * cols), [n, cols], &Device::Cpu).unwrap();
+            let y = w_cpu.qmatmul(&x_cpu).unwrap().to_vec_f32().unwrap();
+            let want: Vec<f32> = (0..n * f)
+                .map(|i| {
+                    let (r, c) = (i / f, i % f);
+                    let (g, u) = (y[r * 2 * f + c] as f64, y[r * 2 * f + f + c] as f64);
+                    (g / (1.0 + (-g).exp()) * u) as f32
+                })
+                .collect();
+            for d in gpu_devices() {
+                let ctx = d.gpu().expect("a GPU device");
+                let emulated = !ctx.caps.cooperative_matrix;
+                coop::set_emulated(emulated);
+                if coop::unsupported_reason(ctx, ty).is_some() {
+                    coop::set_emulated(false);
+                    continue;
+                }
+                let w = QTensor::from_vec(ty, 2 * f, cols, bytes.clone(), d).unwrap();
+                let x = x_cpu.to_device(d).unwrap();
+                let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
+                for bx in if wide { vec![64, 128] } else { vec![64] } {
+                    coop::set_tile_override(Some(bx));
+                    let what = format!("coop GLU {ty} [{}, {cols}] n={n} BX={bx} on {}", 2 * f, d.name());
+                    let (got, ops) = ctx
+                        .profile_dispatches(|| w.qmatmul_glu_opts(&x, None, coop_opts(None)))
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(got.dims(), &[n, f], "{what}");
+                    check_close(&what, &got.to_vec_f32().unwrap(), &want, 1e-4, 1e-4).unwrap_or_else(|m| panic!("{m}"));
+                    if let Some(ops) = ops {
+                        assert!(ops.iter().all(|o| o.0.starts_with("qmatmul")), "{what}: {ops:?}");
+                    }
+                }
+                coop::set_tile_override(None);
+                coop::set_emulated(false);
+                ran.push(format!("{ty} n={n} on {}{}", d.name(), if emulated { " emulated" } else { "" }));
+            }
+        }
+    }
+    eprintln!("coop GLU ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
 /// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses, and F16's two W
 /// loaders) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
@@ -1028,10 +1088,10 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    // 24 per (type, loader): two x tiles, two K steps, three x accesses, real and emulated.
-    // F16 has two loaders (raw words, decoded), the four 32-weight types whose runs fit four
-    // words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 4) * 24);
+    // 48 per (type, loader): two x tiles, two K steps, three x accesses, with and without the
+    // GLU epilogue, real and emulated. F16 has two loaders (raw words, decoded), the four
+    // 32-weight types whose runs fit four words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 4) * 48);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

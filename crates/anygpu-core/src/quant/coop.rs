@@ -104,7 +104,8 @@ pub fn unsupported_reason(ctx: &GpuContext, ty: GgmlType) -> Option<String> {
     } else if emulated && !c.shader_f16 {
         "the device has no f16 shaders (SHADER_F16), which the emulated kernel needs".to_string()
     } else if emulated {
-        if c.max_compute_invocations_per_workgroup >= 256 && c.max_compute_workgroup_storage_size >= workgroup_bytes(64, 32)
+        if c.max_compute_invocations_per_workgroup >= 256
+            && c.max_compute_workgroup_storage_size >= workgroup_bytes(64, 32)
         {
             return None;
         }
@@ -187,6 +188,9 @@ pub(super) struct Plan {
     x: XAccess,
     /// How W runs are staged.
     w_load: WLoad,
+    /// The GLU epilogue: W is a gate|up stack of 2f rows and the output [n, f] is
+    /// silu(gate) * up (see the WGSL's `GLU`).
+    glu: bool,
 }
 
 /// How the kernel reads x (its WGSL section).
@@ -304,7 +308,12 @@ impl Plan {
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load })
+        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false })
+    }
+
+    /// This plan with the GLU epilogue: the output is silu(gate) * up of the gate|up stack.
+    pub(super) fn with_glu(self) -> Plan {
+        Plan { glu: true, ..self }
     }
 
     /// Whether x goes in as f16 ([`x_to_f16`] first).
@@ -321,7 +330,7 @@ impl Plan {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
         let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-        spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk)
+        spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk).constant_u32("GLU", self.glu as u32)
     }
 
     /// Records the product of one row slice of W with `d.n` x rows; `binds` are the weight
@@ -329,7 +338,8 @@ impl Plan {
     pub(super) fn dispatch(&self, ctx: &GpuContext, pipeline: &Pipeline, d: Dims, binds: &[Bind<'_>]) -> Result<()> {
         let u = |v: usize| to_u32(OP, v);
         let tiles_x = d.n.div_ceil(self.bx as usize);
-        let tiles_w = d.rows.div_ceil(BW);
+        // Under GLU a tile holds the gate and up rows of BW / 2 output columns.
+        let tiles_w = if self.glu { (d.rows / 2).div_ceil(BW / 2) } else { d.rows.div_ceil(BW) };
         let groups = tiles_x.checked_mul(tiles_w).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
         let params = CoopParams {
             rows: u(d.rows)?,
@@ -543,9 +553,11 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
                     WLoad::Late => true,
                 }) {
                     for emulated in [false, true] {
-                        let spec = Plan { bx, bk, x, w_load }.spec_as(ty, emulated);
-                        let label = format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?}", spec.name);
-                        v.push((label, spec.source_text(&[]), emulated));
+                        for glu in [false, true] {
+                            let spec = Plan { bx, bk, x, w_load, glu }.spec_as(ty, emulated);
+                            let label = format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?} glu={glu}", spec.name);
+                            v.push((label, spec.source_text(&[]), emulated));
+                        }
                     }
                 }
             }

@@ -204,7 +204,13 @@ impl QTensor {
         };
         let f = self.rows() / 2;
         let y = match self.device() {
-            Device::Gpu(_) => super::gpu::qmatmul_opts(self, x, opts)?,
+            Device::Gpu(_) => {
+                // Prefill: the coop kernel's GLU epilogue, where it runs the product.
+                if let Some(y) = super::gpu::qmatmul_glu_coop(self, x, opts)? {
+                    return Ok(y);
+                }
+                super::gpu::qmatmul_opts(self, x, opts)?
+            }
             Device::Cpu => self.qmatmul(x)?,
         };
         let last = y.rank() - 1;

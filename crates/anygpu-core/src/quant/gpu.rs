@@ -966,6 +966,39 @@ pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
     qmatmul_with(w, x, n, out_shape, opts, Epilogue::Store, Prologue::None)
 }
 
+/// silu(gate) * up of x [.., cols] through the gate|up stack W [2F, cols] in one dispatch of
+/// the coop prefill kernel (its GLU epilogue), or None where that kernel would not run the
+/// product (few x rows, a device without cooperative matrices, a type it does not take, a
+/// stack wider than one binding): the caller then multiplies and applies the GLU apart.
+pub(crate) fn qmatmul_glu_coop(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Option<Tensor>> {
+    const OP: &str = "qmatmul_glu";
+    let (_, ctx) = gpu_weights(OP, w)?;
+    let n = x.numel() / w.cols().max(1);
+    let kernel = match opts.kernel {
+        Some(k) => k,
+        None if n <= MATVEC_MAX_N => QKernel::Matvec,
+        None => super::coop::prefill_kernel(&ctx, w.ggml_type(), n),
+    };
+    if kernel != QKernel::Coop
+        || glu_apart()
+        || x.dtype() != DType::F32
+        || row_slices(OP, w, binding_limit(&ctx, &opts))?.len() > 1
+    {
+        return Ok(None);
+    }
+    let mut out_shape = x.dims().to_vec();
+    if let Some(last) = out_shape.last_mut() {
+        *last = w.rows() / 2;
+    }
+    qmatmul_with(w, x, n, out_shape, opts, Epilogue::Glu, Prologue::None).map(Some)
+}
+
+/// `ANYGPU_COOP_GLU=0` (read once): the prefill's GLU apart from its product, for comparisons.
+fn glu_apart() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_GLU").is_ok_and(|v| v == "0"))
+}
+
 /// The rope epilogue's buffers and params for one product.
 struct RopeKvBinds<'a> {
     epi: &'a RopeKvEpilogue<'a>,
@@ -1149,8 +1182,11 @@ fn qmatmul_with(
         None if n <= MATVEC_MAX_N => QKernel::Matvec,
         None => super::coop::prefill_kernel(&ctx, ty, n),
     };
-    let coop_plan = match kernel {
-        QKernel::Coop => super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?,
+    let coop_plan = match (kernel, epi) {
+        (QKernel::Coop, Epilogue::Glu) => {
+            super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?.with_glu()
+        }
+        (QKernel::Coop, _) => super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?,
         _ => super::coop::Plan::default(),
     };
     let resid = match epi {
@@ -1167,8 +1203,12 @@ fn qmatmul_with(
         _ => None,
     };
     let fused = !matches!(epi, Epilogue::Store) || !matches!(pro, Prologue::None);
-    if fused && (kernel != QKernel::Matvec || (epi.paired() && slices.len() > 1)) {
-        return Err(Error::Unsupported(format!("{OP}: fused epilogues need the matvec kernel and one binding")));
+    // The coop kernel has the GLU epilogue (no prologue); the matvec kernel every one.
+    let coop_glu = kernel == QKernel::Coop && matches!((epi, pro), (Epilogue::Glu, Prologue::None));
+    if fused && ((kernel != QKernel::Matvec && !coop_glu) || (epi.paired() && slices.len() > 1)) {
+        return Err(Error::Unsupported(format!(
+            "{OP}: fused epilogues need the matvec kernel (the coop kernel: GLU only) and one binding"
+        )));
     }
 
     // x rows per dispatch: all of them unless x or the output exceeds one binding.
@@ -1383,7 +1423,7 @@ fn qmatmul_with(
                         n: nc,
                         x_off,
                         out_off,
-                        out_stride: rows,
+                        out_stride: out_rows,
                     };
                     coop_plan.dispatch(&ctx, &pipeline, d, &binds)?;
                 }

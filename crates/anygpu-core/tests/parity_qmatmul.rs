@@ -896,10 +896,10 @@ fn coop_kernel_matches_cpu_exactly() {
                     let x = x_cpu.to_device(d).unwrap();
                     for emulated in [false, true] {
                         // Emulated pipelines take seconds each to compile on lavapipe: a few
-                        // types cover the kernel's paths (x by vec4 and by element, F16 rows
-                        // read raw (100 columns) or decoded (97), 18-byte blocks, k-quant
-                        // super-blocks).
-                        if emulated && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::F16) {
+                        // types cover the kernel's paths (x by f16 runs and by element, F16
+                        // rows read raw (100 columns) or decoded (97), 18-byte blocks loaded
+                        // early, k-quant super-blocks loaded early (Q4_K) and late (Q6_K)).
+                        if emulated && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q6K | GgmlType::F16) {
                             continue;
                         }
                         coop::set_emulated(emulated);
@@ -1024,7 +1024,7 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
 /// gate|up stack in the product's own dispatch, against the CPU's product and a host SiLU, on
 /// f16-exact data (the products are exact, only exp differs). F = 131 output columns (three
 /// tiles of 64, the last mostly empty), n = 130 and 70, both x tiles, for an early-loaded type
-/// (Q4_0), a late-decoded one (Q4_K) and raw F16 words; emulated where the device has no
+/// (Q4_0), a late-decoded one (Q6_K) and raw F16 words; emulated where the device has no
 /// cooperative matrices. Where timestamps allow, the profile shows the product alone: no
 /// separate silu or mul dispatch.
 #[test]
@@ -1034,7 +1034,7 @@ fn coop_glu_epilogue_matches_composition() {
     let _reset = CoopReset;
     let f = 131usize;
     let mut ran = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::F16] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::F16] {
         let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
         let bytes = f16_exact_weights(ty.id() as u64 + 700, ty, 2 * f, cols);
         let w_cpu = QTensor::from_vec(ty, 2 * f, cols, bytes.clone(), &Device::Cpu).unwrap();
@@ -1089,9 +1089,9 @@ fn coop_glu_epilogue_matches_composition() {
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
     // 48 per (type, loader): two x tiles, two K steps, three x accesses, with and without the
-    // GLU epilogue, real and emulated. F16 has two loaders (raw words, decoded), the four
-    // 32-weight types whose runs fit four words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 4) * 48);
+    // GLU epilogue, real and emulated. F16 has two loaders (raw words, decoded), the five types
+    // whose runs lie in a few words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 5) * 48);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

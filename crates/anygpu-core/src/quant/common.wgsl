@@ -12,10 +12,11 @@
 // 8) of the row whose first byte is `rb`; the tiled matmul and the row gather use it. The float
 // operations follow quant/dequant.rs (the CPU reference), e.g. (q - 8) * d for Q4_0.
 //
-// Types whose run of 8 lies in four words (Q4_0, Q4_1, Q5_1, Q8_0) split it in two:
-// `raw8_<type>(rb, c)` loads the words and `dec8_<type>(r, rb, c)` decodes them, so a kernel can
-// issue the loads early and decode once they have arrived (the coop prefill kernel loads the
-// next step's runs before its products); `deq8_<type>` is the two in a row.
+// Types whose run of 8 lies in a few words (Q4_0, Q4_1, Q5_1, Q8_0: four; Q4_K: six) split it in
+// two: `raw8_<type>(rb, c) -> Raw8_<type>` loads the words and `dec8_<type>(r, rb, c)` decodes
+// them, so a kernel can issue the loads early and decode once they have arrived (the coop
+// prefill kernel loads the next step's runs before its products); `deq8_<type>` is the two in
+// a row.
 
 struct V8 {
     lo: vec4<f32>,
@@ -90,14 +91,15 @@ fn i8_of(b: u32) -> i32 {
 }
 
 // @@ q4k q5k
-// 6-bit scale and min of group g (0..8) of a Q4_K / Q5_K block whose 12 scale bytes start at
-// byte `sb` (ggml's get_scale_min_k4). Branch-free: the three bytes are read for every g.
-fn scale_min_k4(sb: u32, g: u32) -> vec2<f32> {
-    let bg = byte_at(sb + g);
-    let bg4 = byte_at(sb + g + 4u);
-    let blo = byte_at(sb + (g & 3u));
-    let sc = select((bg4 & 15u) | ((blo >> 6u) << 4u), bg & 63u, g < 4u);
-    let m = select((bg4 >> 4u) | ((bg >> 6u) << 4u), bg4 & 63u, g < 4u);
+// 6-bit scale and min of Q4_K / Q5_K group g from the 12 scale bytes in words s0, s1, s2
+// (get_scale_min_k4 on words: bytes g & 3 of s0, s1, s2 are bytes g & 3, 4 + (g & 3), 8 + (g & 3)).
+fn scale_min_k4_w(s0: u32, s1: u32, s2: u32, g: u32) -> vec2<f32> {
+    let sh = 8u * (g & 3u);
+    let a = (s0 >> sh) & 0xFFu;
+    let b = (s1 >> sh) & 0xFFu;
+    let c = (s2 >> sh) & 0xFFu;
+    let sc = select((c & 15u) | ((a >> 6u) << 4u), a & 63u, g < 4u);
+    let m = select((c >> 4u) | ((b >> 6u) << 4u), b & 63u, g < 4u);
     return vec2<f32>(f32(sc), f32(m));
 }
 
@@ -145,6 +147,7 @@ fn deq8_bf16(rb: u32, c: u32, cols: u32) -> V8 {
 // @@ q4_0
 // Q4_0 (18 B: d, qs[16]): byte l holds weight l (low nibble) and l + 16 (high nibble). A run's
 // words: the one holding d, then the three spanning its 8 quant bytes (at an even offset).
+alias Raw8_q4_0 = vec4<u32>;
 fn raw8_q4_0(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 18u;
     return raw_d_q8b(off, off + 2u + (c & 15u));
@@ -162,6 +165,7 @@ fn deq8_q4_0(rb: u32, c: u32, cols: u32) -> V8 {
 
 // @@ q4_1
 // Q4_1 (20 B: d, m, qs[16]): w = d * q + m. Blocks start at words (rows too: whole blocks).
+alias Raw8_q4_1 = vec4<u32>;
 fn raw8_q4_1(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 20u;
     let qi = (off + 4u + (c & 15u)) >> 2u;
@@ -192,6 +196,7 @@ fn deq8_q5_0(rb: u32, c: u32, cols: u32) -> V8 {
 
 // @@ q5_1
 // Q5_1 (24 B: d, m, qh, qs[16]): w = d * q + m.
+alias Raw8_q5_1 = vec4<u32>;
 fn raw8_q5_1(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 24u;
     let i = off >> 2u;
@@ -213,6 +218,7 @@ fn deq8_q5_1(rb: u32, c: u32, cols: u32) -> V8 {
 // @@ q8_0
 // Q8_0 (34 B: d, qs[32] signed): w = d * q. A run's words: the one holding d, then the three
 // spanning its 8 quant bytes (at an even offset).
+alias Raw8_q8_0 = vec4<u32>;
 fn raw8_q8_0(rb: u32, c: u32) -> vec4<u32> {
     let off = rb + (c >> 5u) * 34u;
     return raw_d_q8b(off, off + 2u + (c & 31u));
@@ -271,17 +277,29 @@ fn deq8_q3k(rb: u32, c: u32, cols: u32) -> V8 {
 // @@ q4k
 // Q4_K (144 B: d, dmin, scales[12], qs[128]): byte l of chunk k holds weight 64k + l (low nibble,
 // group 2k) and 64k + 32 + l (high nibble, group 2k + 1); w = d * sc * q - dmin * m.
-fn deq8_q4k(rb: u32, c: u32, cols: u32) -> V8 {
+// A run's raw words: (d, dmin) and the 12 scale bytes (a), its two quant words (b). Blocks and
+// rows start at words (144-byte blocks).
+struct Raw8_q4k {
+    a: vec4<u32>,
+    b: vec2<u32>,
+}
+fn raw8_q4k(rb: u32, c: u32) -> Raw8_q4k {
     let off = rb + (c >> 8u) * 144u;
+    let i = off >> 2u;
+    let qi = (off + 16u + 32u * ((c & 255u) >> 6u) + (c & 31u)) >> 2u;
+    return Raw8_q4k(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]), vec2<u32>(w[qi], w[qi + 1u]));
+}
+fn dec8_q4k(r: Raw8_q4k, rb: u32, c: u32) -> V8 {
     let j = c & 255u;
-    let k = j >> 6u;
     let hh = (j >> 5u) & 1u;
-    let dd = unpack2x16float(w[off >> 2u]);
-    let sm = scale_min_k4(off + 4u, 2u * k + hh);
+    let dd = unpack2x16float(r.a.x);
+    let sm = scale_min_k4_w(r.a.y, r.a.z, r.a.w, 2u * (j >> 6u) + hh);
     let dl = dd.x * sm.x;
     let ml = dd.y * sm.y;
-    let qi = (off + 16u + 32u * k + (j & 31u)) >> 2u;
-    return V8(dl * nib4(w[qi] >> (4u * hh)) - ml, dl * nib4(w[qi + 1u] >> (4u * hh)) - ml);
+    return V8(dl * nib4(r.b.x >> (4u * hh)) - ml, dl * nib4(r.b.y >> (4u * hh)) - ml);
+}
+fn deq8_q4k(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q4k(raw8_q4k(rb, c), rb, c);
 }
 
 // @@ q5k
@@ -293,8 +311,9 @@ fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
     let hh = (j >> 5u) & 1u;
     let g = 2u * k + hh;
     let l = j & 31u;
-    let dd = unpack2x16float(w[off >> 2u]);
-    let sm = scale_min_k4(off + 4u, g);
+    let i = off >> 2u;
+    let dd = unpack2x16float(w[i]);
+    let sm = scale_min_k4_w(w[i + 1u], w[i + 2u], w[i + 3u], g);
     let dl = dd.x * sm.x;
     let ml = dd.y * sm.y;
     let hi = (off + 16u + l) >> 2u;

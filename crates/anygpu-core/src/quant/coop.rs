@@ -247,8 +247,8 @@ pub(super) enum WLoad {
     /// Raw f16 words loaded before the products, converted after them: F16 rows of even
     /// length (which start at 4-byte boundaries).
     F16Raw,
-    /// The type's four raw words (`raw8_<type>`) loaded before the products, decoded
-    /// (`dec8_<type>`) after them: the 32-weight types whose runs fit four words.
+    /// The type's raw words (`raw8_<type>`) loaded before the products, decoded
+    /// (`dec8_<type>`) after them: the types whose runs lie in a few words ([`has_raw8`]).
     Early,
     /// Loaded and decoded (`deq8`) after the products, which wait for nothing then: the rest.
     #[default]
@@ -270,7 +270,7 @@ impl WLoad {
 
 /// Types with `raw8_<type>` / `dec8_<type>` in common.wgsl.
 fn has_raw8(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4K)
 }
 
 /// `ANYGPU_COOP_WLATE=1` (read once): every quantized type decoded after the products, as
@@ -458,8 +458,9 @@ fn source(ty: GgmlType, x: XAccess, w_load: WLoad, emulated: bool) -> &'static s
         }
         let forwards = match w_load {
             WLoad::Early => format!(
-                "fn raw8(rb: u32, c: u32) -> vec4<u32> {{ return raw8_{name}(rb, c); }}\n\
-                 fn dec8(r: vec4<u32>, rb: u32, c: u32) -> V8 {{ return dec8_{name}(r, rb, c); }}\n"
+                "alias Raw_w = Raw8_{name};\n\
+                 fn raw8(rb: u32, c: u32) -> Raw_w {{ return raw8_{name}(rb, c); }}\n\
+                 fn dec8(r: Raw_w, rb: u32, c: u32) -> V8 {{ return dec8_{name}(r, rb, c); }}\n"
             ),
             _ => format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}\n"),
         };
@@ -477,7 +478,6 @@ fn w_loader(load: WLoad) -> &'static str {
     match load {
         WLoad::Early => {
             "const W_EARLY: u32 = 1u;\n\
-         alias Raw_w = vec4<u32>;\n\
          fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
              return raw8(rb, c);\n}\n\
          fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \

@@ -264,19 +264,6 @@ fn mv_q3k(rb: u32, u: u32, xb: u32) -> f32 {
 }
 
 // @@ q4k q5k
-// 6-bit scale and min of Q4_K / Q5_K group g from the 12 scale bytes in words s0, s1, s2
-// (get_scale_min_k4 on words: bytes g & 3 of s0, s1, s2 are bytes g & 3, 4 + (g & 3), 8 + (g & 3)).
-fn scale_min_k4_w(s0: u32, s1: u32, s2: u32, g: u32) -> vec2<f32> {
-    let sh = 8u * (g & 3u);
-    let a = (s0 >> sh) & 0xFFu;
-    let b = (s1 >> sh) & 0xFFu;
-    let c = (s2 >> sh) & 0xFFu;
-    let sc = select((c & 15u) | ((a >> 6u) << 4u), a & 63u, g < 4u);
-    let m = select((c >> 4u) | ((b >> 6u) << 4u), b & 63u, g < 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
-
-// @@ q4k q5k
 // The scales of a Q4_K / Q5_K unit of chunk k in the super-block starting at word i:
 // (d, dmin), and the (scale, min) of its low-nibble group 2k and high-nibble group 2k + 1.
 // Shared with matvec_q8.wgsl.

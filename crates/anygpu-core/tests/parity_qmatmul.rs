@@ -1020,6 +1020,38 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
     anygpu_core::testing::validate_wgsl_for_vulkan(src, caps)
 }
 
+/// Runs `f(device, x tile)` on every GPU device that can run the coop kernel for `ty`
+/// (emulated where it has no cooperative matrices) for each x tile that fits it, then checks
+/// that the profile `f` returns (where the device has timestamps) holds only the product's own
+/// dispatches; returns where it ran.
+fn on_coop_devices(
+    ty: GgmlType,
+    mut f: impl FnMut(&Device, u32) -> Option<anygpu_core::gpu::profile::OpTimes>,
+) -> Vec<String> {
+    use anygpu_core::quant::coop;
+    let mut ran = Vec::new();
+    for d in gpu_devices() {
+        let ctx = d.gpu().expect("a GPU device");
+        let emulated = !ctx.caps.cooperative_matrix;
+        coop::set_emulated(emulated);
+        if coop::unsupported_reason(ctx, ty).is_some() {
+            coop::set_emulated(false);
+            continue;
+        }
+        let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
+        for bx in if wide { vec![64, 128] } else { vec![64] } {
+            coop::set_tile_override(Some(bx));
+            if let Some(ops) = f(d, bx) {
+                assert!(ops.iter().all(|o| o.0.starts_with("qmatmul")), "{ty} BX={bx} on {}: {ops:?}", d.name());
+            }
+        }
+        coop::set_tile_override(None);
+        coop::set_emulated(false);
+        ran.push(format!("{ty} on {}{}", d.name(), if emulated { " emulated" } else { "" }));
+    }
+    ran
+}
+
 /// The coop kernel's GLU epilogue (`qmatmul_glu` of many x rows): silu(gate) * up of the
 /// gate|up stack in the product's own dispatch, against the CPU's product and a host SiLU, on
 /// f16-exact data (the products are exact, only exp differs). F = 131 output columns (three
@@ -1029,7 +1061,6 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
 /// separate silu or mul dispatch.
 #[test]
 fn coop_glu_epilogue_matches_composition() {
-    use anygpu_core::quant::coop;
     let _turn = one_at_a_time();
     let _reset = CoopReset;
     let f = 131usize;
@@ -1048,36 +1079,61 @@ fn coop_glu_epilogue_matches_composition() {
                     (g / (1.0 + (-g).exp()) * u) as f32
                 })
                 .collect();
-            for d in gpu_devices() {
-                let ctx = d.gpu().expect("a GPU device");
-                let emulated = !ctx.caps.cooperative_matrix;
-                coop::set_emulated(emulated);
-                if coop::unsupported_reason(ctx, ty).is_some() {
-                    coop::set_emulated(false);
-                    continue;
-                }
+            ran.extend(on_coop_devices(ty, |d, bx| {
                 let w = QTensor::from_vec(ty, 2 * f, cols, bytes.clone(), d).unwrap();
                 let x = x_cpu.to_device(d).unwrap();
-                let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
-                for bx in if wide { vec![64, 128] } else { vec![64] } {
-                    coop::set_tile_override(Some(bx));
-                    let what = format!("coop GLU {ty} [{}, {cols}] n={n} BX={bx} on {}", 2 * f, d.name());
-                    let (got, ops) = ctx
-                        .profile_dispatches(|| w.qmatmul_glu_opts(&x, None, coop_opts(None)))
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert_eq!(got.dims(), &[n, f], "{what}");
-                    check_close(&what, &got.to_vec_f32().unwrap(), &want, 1e-4, 1e-4).unwrap_or_else(|m| panic!("{m}"));
-                    if let Some(ops) = ops {
-                        assert!(ops.iter().all(|o| o.0.starts_with("qmatmul")), "{what}: {ops:?}");
-                    }
-                }
-                coop::set_tile_override(None);
-                coop::set_emulated(false);
-                ran.push(format!("{ty} n={n} on {}{}", d.name(), if emulated { " emulated" } else { "" }));
-            }
+                let what = format!("coop GLU {ty} [{}, {cols}] n={n} BX={bx} on {}", 2 * f, d.name());
+                let (got, ops) = d
+                    .gpu()
+                    .expect("a GPU device")
+                    .profile_dispatches(|| w.qmatmul_glu_opts(&x, None, coop_opts(None)))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(got.dims(), &[n, f], "{what}");
+                check_close(&what, &got.to_vec_f32().unwrap(), &want, 1e-4, 1e-4).unwrap_or_else(|m| panic!("{m}"));
+                ops
+            }));
         }
     }
     eprintln!("coop GLU ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
+/// The coop kernel's residual epilogue (`qmatmul_add` of many x rows): resid + x W^T in the
+/// product's own dispatch, exactly the CPU's on f16-exact data (residuals multiples of 1/8),
+/// for Q4_0 (loaded early), Q6_K (late) and F16, both x tiles, one binding and row slices of
+/// ~48 rows (the residual's offset per slice), emulated where the device has no cooperative
+/// matrices. Where timestamps allow, the profile shows no separate add dispatch.
+#[test]
+fn coop_add_epilogue_matches_composition() {
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let (rows, n) = (131usize, 130usize);
+    let mut ran = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::F16] {
+        let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
+        let bytes = f16_exact_weights(ty.id() as u64 + 900, ty, rows, cols);
+        let w_cpu = QTensor::from_vec(ty, rows, cols, bytes.clone(), &Device::Cpu).unwrap();
+        let sliced = 256 + 48 * w_cpu.row_bytes() as u64;
+        let x_cpu = Tensor::from_vec(f16_exact_x(31, n * cols), [n, cols], &Device::Cpu).unwrap();
+        let r_cpu = Tensor::from_vec(f16_exact_x(32, n * rows), [n, rows], &Device::Cpu).unwrap();
+        let want = w_cpu.qmatmul_add(&x_cpu, &r_cpu).unwrap().to_vec_f32().unwrap();
+        ran.extend(on_coop_devices(ty, |d, bx| {
+            let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
+            let (x, r) = (x_cpu.to_device(d).unwrap(), r_cpu.to_device(d).unwrap());
+            let mut last = None;
+            for limit in [None, Some(sliced)] {
+                let what = format!("coop add {ty} [{rows}, {cols}] n={n} BX={bx} {limit:?} on {}", d.name());
+                let (got, ops) = d
+                    .gpu()
+                    .expect("a GPU device")
+                    .profile_dispatches(|| w.qmatmul_add_opts(&x, &r, coop_opts(limit)))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                check_close(&what, &got.to_vec_f32().unwrap(), &want, 1e-3, 0.0).unwrap_or_else(|m| panic!("{m}"));
+                last = ops;
+            }
+            last
+        }));
+    }
+    eprintln!("coop add ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
 /// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses, and F16's two W
@@ -1088,10 +1144,10 @@ fn coop_glu_epilogue_matches_composition() {
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    // 48 per (type, loader): two x tiles, two K steps, three x accesses, with and without the
-    // GLU epilogue, real and emulated. F16 has two loaders (raw words, decoded), the five types
-    // whose runs lie in a few words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 5) * 48);
+    // 72 per (type, loader): two x tiles, two K steps, three x accesses, three epilogues (none,
+    // GLU, residual), real and emulated. F16 has two loaders (raw words, decoded), the five
+    // types whose runs lie in a few words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 5) * 72);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

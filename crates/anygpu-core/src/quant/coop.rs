@@ -191,6 +191,8 @@ pub(super) struct Plan {
     /// The GLU epilogue: W is a gate|up stack of 2f rows and the output [n, f] is
     /// silu(gate) * up (see the WGSL's `GLU`).
     glu: bool,
+    /// The residual epilogue: the output is the product plus `resid` (binding 4), shaped alike.
+    add: bool,
 }
 
 /// How the kernel reads x (its WGSL section).
@@ -308,12 +310,17 @@ impl Plan {
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false })
+        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false })
     }
 
     /// This plan with the GLU epilogue: the output is silu(gate) * up of the gate|up stack.
     pub(super) fn with_glu(self) -> Plan {
         Plan { glu: true, ..self }
+    }
+
+    /// This plan with the residual epilogue: the output is the product plus a residual.
+    pub(super) fn with_add(self) -> Plan {
+        Plan { add: true, ..self }
     }
 
     /// Whether x goes in as f16 ([`x_to_f16`] first).
@@ -330,7 +337,14 @@ impl Plan {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
         let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-        spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk).constant_u32("GLU", self.glu as u32)
+        let spec = spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk).constant_u32("GLU", self.glu as u32);
+        // The residual's binding exists only where it is bound.
+        spec.with(if self.add {
+            "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
+             fn resid_at(i: u32) -> f32 { return resid[i]; }"
+        } else {
+            "fn resid_at(i: u32) -> f32 { return 0.0; }"
+        })
     }
 
     /// Records the product of one row slice of W with `d.n` x rows; `binds` are the weight
@@ -352,7 +366,8 @@ impl Plan {
             out_stride: u(d.out_stride)?,
             tiles_x: u(tiles_x)?,
             tiles_w: u(tiles_w)?,
-            _pad: [0; 2],
+            r_off: d.r_off,
+            _pad: 0,
         };
         ctx.dispatch(pipeline, OP, bytemuck::bytes_of(&params), binds, ctx.grid_1d(u(groups)?))
     }
@@ -419,6 +434,8 @@ pub(super) struct Dims {
     pub out_off: u32,
     /// Output elements per x row.
     pub out_stride: usize,
+    /// Residual index of (x row 0, W row 0) (the residual epilogue).
+    pub r_off: u32,
 }
 
 /// The WGSL `Params` of matmul_coop.wgsl.
@@ -435,7 +452,8 @@ struct CoopParams {
     out_stride: u32,
     tiles_x: u32,
     tiles_w: u32,
-    _pad: [u32; 2],
+    r_off: u32,
+    _pad: u32,
 }
 
 /// The kernel's WGSL for one type, x access and W loader: common.wgsl with that type's
@@ -553,9 +571,10 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
                     WLoad::Late => true,
                 }) {
                     for emulated in [false, true] {
-                        for glu in [false, true] {
-                            let spec = Plan { bx, bk, x, w_load, glu }.spec_as(ty, emulated);
-                            let label = format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?} glu={glu}", spec.name);
+                        for (glu, add) in [(false, false), (true, false), (false, true)] {
+                            let spec = Plan { bx, bk, x, w_load, glu, add }.spec_as(ty, emulated);
+                            let label =
+                                format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?} glu={glu} add={add}", spec.name);
                             v.push((label, spec.source_text(&[]), emulated));
                         }
                     }

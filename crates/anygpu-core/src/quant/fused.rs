@@ -90,6 +90,12 @@ impl QTensor {
 
     /// `resid + x @ W^T` (a residual connection): x [.., cols], resid [.., rows].
     pub fn qmatmul_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {
+        self.qmatmul_add_opts(x, resid, QOptions::default())
+    }
+
+    /// [`QTensor::qmatmul_add`] with the kernel knobs of `opts` (tests of the kernels and the
+    /// binding split).
+    pub fn qmatmul_add_opts(&self, x: &Tensor, resid: &Tensor, opts: QOptions) -> Result<Tensor> {
         const OP: &str = "qmatmul_add";
         self.check_input(OP, x)?;
         let n = x.numel() / self.cols().max(1);
@@ -101,11 +107,19 @@ impl QTensor {
             ));
         }
         if self.device().gpu().is_some() && resid.device().same(self.device()) {
-            if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), Prologue::None, QOptions::default())? {
+            if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), Prologue::None, opts)? {
+                return y.reshape(resid.shape().clone());
+            }
+            // Prefill: the coop kernel's residual epilogue, where it runs the product.
+            if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Add(resid), opts)? {
                 return y.reshape(resid.shape().clone());
             }
         }
-        resid.add(&self.qmatmul(x)?)
+        let y = match self.device() {
+            Device::Gpu(_) => super::gpu::qmatmul_opts(self, x, opts)?,
+            Device::Cpu => self.qmatmul(x)?,
+        };
+        resid.add(&y.reshape(resid.shape().clone())?)
     }
 
     /// `resid + x @ W^T` where x is the output of a split attention still in its partials:
@@ -206,7 +220,7 @@ impl QTensor {
         let y = match self.device() {
             Device::Gpu(_) => {
                 // Prefill: the coop kernel's GLU epilogue, where it runs the product.
-                if let Some(y) = super::gpu::qmatmul_glu_coop(self, x, opts)? {
+                if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Glu, opts)? {
                     return Ok(y);
                 }
                 super::gpu::qmatmul_opts(self, x, opts)?

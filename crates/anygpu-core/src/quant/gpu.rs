@@ -966,12 +966,19 @@ pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
     qmatmul_with(w, x, n, out_shape, opts, Epilogue::Store, Prologue::None)
 }
 
-/// silu(gate) * up of x [.., cols] through the gate|up stack W [2F, cols] in one dispatch of
-/// the coop prefill kernel (its GLU epilogue), or None where that kernel would not run the
-/// product (few x rows, a device without cooperative matrices, a type it does not take, a
-/// stack wider than one binding): the caller then multiplies and applies the GLU apart.
-pub(crate) fn qmatmul_glu_coop(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Option<Tensor>> {
-    const OP: &str = "qmatmul_glu";
+/// The product of x [.., cols] with W through an epilogue of the coop prefill kernel in one
+/// dispatch: `Epilogue::Glu` (W a gate|up stack [2F, cols]: silu(gate) * up, [.., F]; the stack
+/// in one binding) or `Epilogue::Add` (plus the residual, shaped like the product). None where
+/// that kernel would not run the product (few x rows, a device without cooperative matrices, a
+/// type it does not take) or `ANYGPU_COOP_EPILOGUES=0`: the caller then applies the epilogue
+/// apart.
+pub(crate) fn qmatmul_coop_epilogue(
+    w: &QTensor,
+    x: &Tensor,
+    epi: Epilogue<'_>,
+    opts: QOptions,
+) -> Result<Option<Tensor>> {
+    const OP: &str = "qmatmul";
     let (_, ctx) = gpu_weights(OP, w)?;
     let n = x.numel() / w.cols().max(1);
     let kernel = match opts.kernel {
@@ -979,24 +986,27 @@ pub(crate) fn qmatmul_glu_coop(w: &QTensor, x: &Tensor, opts: QOptions) -> Resul
         None if n <= MATVEC_MAX_N => QKernel::Matvec,
         None => super::coop::prefill_kernel(&ctx, w.ggml_type(), n),
     };
-    if kernel != QKernel::Coop
-        || glu_apart()
-        || x.dtype() != DType::F32
-        || row_slices(OP, w, binding_limit(&ctx, &opts))?.len() > 1
-    {
+    if kernel != QKernel::Coop || epilogues_apart() || x.dtype() != DType::F32 {
         return Ok(None);
     }
     let mut out_shape = x.dims().to_vec();
+    let out_cols = match epi {
+        Epilogue::Glu if row_slices(OP, w, binding_limit(&ctx, &opts))?.len() > 1 => return Ok(None),
+        Epilogue::Glu => w.rows() / 2,
+        Epilogue::Add(_) => w.rows(),
+        _ => return Ok(None),
+    };
     if let Some(last) = out_shape.last_mut() {
-        *last = w.rows() / 2;
+        *last = out_cols;
     }
-    qmatmul_with(w, x, n, out_shape, opts, Epilogue::Glu, Prologue::None).map(Some)
+    qmatmul_with(w, x, n, out_shape, opts, epi, Prologue::None).map(Some)
 }
 
-/// `ANYGPU_COOP_GLU=0` (read once): the prefill's GLU apart from its product, for comparisons.
-fn glu_apart() -> bool {
+/// `ANYGPU_COOP_EPILOGUES=0` (read once): the prefill's GLU and residual add apart from its
+/// products, for comparisons.
+fn epilogues_apart() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| std::env::var("ANYGPU_COOP_GLU").is_ok_and(|v| v == "0"))
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_EPILOGUES").is_ok_and(|v| v == "0"))
 }
 
 /// The rope epilogue's buffers and params for one product.
@@ -1186,6 +1196,9 @@ fn qmatmul_with(
         (QKernel::Coop, Epilogue::Glu) => {
             super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?.with_glu()
         }
+        (QKernel::Coop, Epilogue::Add(_)) => {
+            super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?.with_add()
+        }
         (QKernel::Coop, _) => super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?,
         _ => super::coop::Plan::default(),
     };
@@ -1203,11 +1216,11 @@ fn qmatmul_with(
         _ => None,
     };
     let fused = !matches!(epi, Epilogue::Store) || !matches!(pro, Prologue::None);
-    // The coop kernel has the GLU epilogue (no prologue); the matvec kernel every one.
-    let coop_glu = kernel == QKernel::Coop && matches!((epi, pro), (Epilogue::Glu, Prologue::None));
-    if fused && ((kernel != QKernel::Matvec && !coop_glu) || (epi.paired() && slices.len() > 1)) {
+    // The coop kernel has the GLU and residual epilogues (no prologue); the matvec kernel every one.
+    let coop_epi = kernel == QKernel::Coop && matches!((epi, pro), (Epilogue::Glu | Epilogue::Add(_), Prologue::None));
+    if fused && ((kernel != QKernel::Matvec && !coop_epi) || (epi.paired() && slices.len() > 1)) {
         return Err(Error::Unsupported(format!(
-            "{OP}: fused epilogues need the matvec kernel (the coop kernel: GLU only) and one binding"
+            "{OP}: fused epilogues need the matvec kernel (the coop kernel: GLU and residual only) and one binding"
         )));
     }
 
@@ -1424,6 +1437,7 @@ fn qmatmul_with(
                         x_off,
                         out_off,
                         out_stride: out_rows,
+                        r_off,
                     };
                     coop_plan.dispatch(&ctx, &pipeline, d, &binds)?;
                 }

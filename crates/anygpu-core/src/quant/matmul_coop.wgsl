@@ -67,8 +67,8 @@ struct Params {
     out_off: u32,    // output index of (x row 0, W row 0)
     out_stride: u32, // output elements per x row
     tiles_x: u32,    // ceil(n / BX)
-    tiles_w: u32,    // ceil(rows / BW)
-    _pad0: u32,
+    tiles_w: u32,    // ceil(rows / BW) (under GLU: ceil(rows / 2 / 64))
+    r_off: u32,      // residual index of (x row 0, W row 0): the residual epilogue's
     _pad1: u32,
 }
 
@@ -198,15 +198,17 @@ fn scratch8(sg: u32, lane: u32) -> array<f32, 8> {
 }
 
 // Writes lane l's 8 elements of the 16 x 16 output block at (x row xr0, output column oc0):
-// x row xr0 + l / 2, columns oc0 + (l % 2) * 8 .. + 8, those below `cols`.
+// x row xr0 + l / 2, columns oc0 + (l % 2) * 8 .. + 8, those below `cols`; plus the residual's
+// element where the host declares one (`resid_at`; else 0).
 fn put8(lane: u32, xr0: u32, oc0: u32, v: array<f32, 8>, cols: u32) {
     let xrow = xr0 + lane / 2u;
     let oc = oc0 + (lane % 2u) * 8u;
     if (xrow < p.n) {
         let o = p.out_off + xrow * p.out_stride + oc;
+        let r = p.r_off + xrow * p.out_stride + oc;
         for (var e = 0u; e < 8u; e++) {
             if (oc + e < cols) {
-                out[o + e] = v[e];
+                out[o + e] = v[e] + resid_at(r + e);
             }
         }
     }

@@ -12,7 +12,7 @@
 // 8) of the row whose first byte is `rb`; the tiled matmul and the row gather use it. The float
 // operations follow quant/dequant.rs (the CPU reference), e.g. (q - 8) * d for Q4_0.
 //
-// Types whose run of 8 lies in a few words (Q4_0, Q4_1, Q5_1, Q8_0: four; Q4_K: six) split it in
+// Types whose run of 8 lies in a few words (Q4_0, Q4_1, Q5_1, Q8_0: four; Q4_K: six; Q6_K: eight) split it in
 // two: `raw8_<type>(rb, c) -> Raw8_<type>` loads the words and `dec8_<type>(r, rb, c)` decodes
 // them, so a kernel can issue the loads early and decode once they have arrived (the coop
 // prefill kernel loads the next step's runs before its products); `deq8_<type>` is the two in
@@ -327,19 +327,41 @@ fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
 // Q6_K (210 B: ql[128], qh[64], scales[16] signed, d): in half n, weight 128n + 32i + l takes 4 bits
 // from ql[64n + 32(i % 2) + l] (nibble i / 2), 2 bits from qh[32n + l] at shift 2i, scale
 // 8n + l / 16 + 2i; w = d * sc * (q - 32).
-fn deq8_q6k(rb: u32, c: u32, cols: u32) -> V8 {
+// A run's raw words: its 8 low-bit bytes' three words and the word of its scale byte (a), its
+// 8 high-bit bytes' three words and the word of d (b).
+struct Raw8_q6k {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+fn raw8_q6k(rb: u32, c: u32) -> Raw8_q6k {
     let off = rb + (c >> 8u) * 210u;
     let j = c & 255u;
     let n = j >> 7u;
     let i = (j >> 5u) & 3u;
     let l = j & 31u;
-    let qlo = off + 64u * n + 32u * (i & 1u) + l;
-    let qho = off + 128u + 32u * n + l;
+    let ql = (off + 64u * n + 32u * (i & 1u) + l) >> 2u;
+    let qh = (off + 128u + 32u * n + l) >> 2u;
+    let sc = (off + 192u + 8u * n + (l >> 4u) + 2u * i) >> 2u;
+    return Raw8_q6k(vec4<u32>(w[ql], w[ql + 1u], w[ql + 2u], w[sc]), vec4<u32>(w[qh], w[qh + 1u], w[qh + 2u], w[(off + 208u) >> 2u]));
+}
+fn dec8_q6k(r: Raw8_q6k, rb: u32, c: u32) -> V8 {
+    let off = rb + (c >> 8u) * 210u;
+    let j = c & 255u;
+    let n = j >> 7u;
+    let i = (j >> 5u) & 3u;
+    let l = j & 31u;
+    let sl = ((off + 64u * n + 32u * (i & 1u) + l) & 3u) * 8u;
+    let sh = ((off + 128u + 32u * n + l) & 3u) * 8u;
+    let so = off + 192u + 8u * n + (l >> 4u) + 2u * i;
+    let d = unpack2x16float(r.b.w >> (((off + 208u) & 2u) * 8u)).x;
+    let dl = d * f32(i8_of((r.a.w >> ((so & 3u) * 8u)) & 0xFFu));
     let ns = 4u * (i >> 1u);
     let hs = 2u * i;
-    let dl = f16_at(off + 208u) * f32(i8_of(byte_at(off + 192u + 8u * n + (l >> 4u) + 2u * i)));
-    let a = ((u32_at(qlo) >> ns) & 0x0F0F0F0Fu) | (((u32_at(qho) >> hs) & 0x03030303u) << 4u);
-    let b = ((u32_at(qlo + 4u) >> ns) & 0x0F0F0F0Fu) | (((u32_at(qho + 4u) >> hs) & 0x03030303u) << 4u);
+    let a = ((funnel(r.a.x, r.a.y, sl) >> ns) & 0x0F0F0F0Fu) | (((funnel(r.b.x, r.b.y, sh) >> hs) & 0x03030303u) << 4u);
+    let b = ((funnel(r.a.y, r.a.z, sl) >> ns) & 0x0F0F0F0Fu) | (((funnel(r.b.y, r.b.z, sh) >> hs) & 0x03030303u) << 4u);
     return V8(dl * (u8x4(a) - 32.0), dl * (u8x4(b) - 32.0));
+}
+fn deq8_q6k(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q6k(raw8_q6k(rb, c), rb, c);
 }
 // @@ end

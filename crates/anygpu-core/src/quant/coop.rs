@@ -59,6 +59,11 @@ fn workgroup_bytes(bx: u32, bk: u32) -> u32 {
     (64 / bk) * (bx + BW as u32) * (bk + 8) * 2 + if emulated() { 0 } else { 8192 }
 }
 
+/// Workgroup memory of the smallest configuration (BX = 64 and the K step that needs least).
+fn smallest_tiles() -> u32 {
+    workgroup_bytes(64, 32).min(workgroup_bytes(64, 64))
+}
+
 /// K per step for W staged by `load`: 64 through one buffer where W runs are loaded before the
 /// products (twice the loads in flight across them: H100, n = 512, 8B Q4_0 gate|up 1247 ->
 /// 1027 us, F16 1113 -> 927; 8B Q4_0 pp512 5,508 -> 6,356 tok/s), 32 through two buffers where
@@ -104,14 +109,12 @@ pub fn unsupported_reason(ctx: &GpuContext, ty: GgmlType) -> Option<String> {
     } else if emulated && !c.shader_f16 {
         "the device has no f16 shaders (SHADER_F16), which the emulated kernel needs".to_string()
     } else if emulated {
-        if c.max_compute_invocations_per_workgroup >= 256
-            && c.max_compute_workgroup_storage_size >= workgroup_bytes(64, 32)
-        {
+        if c.max_compute_invocations_per_workgroup >= 256 && c.max_compute_workgroup_storage_size >= smallest_tiles() {
             return None;
         }
-        format!("the emulated kernel needs 256 invocations and {} bytes of workgroup memory", workgroup_bytes(64, 32))
+        format!("the emulated kernel needs 256 invocations and {} bytes of workgroup memory", smallest_tiles())
     } else {
-        c.coop_f16_unsupported(workgroup_bytes(64, 32))?
+        c.coop_f16_unsupported(smallest_tiles())?
     };
     Some(format!("{OP}: the cooperative-matrix kernel cannot run on {}: {why}", ctx.info.name))
 }
@@ -299,8 +302,9 @@ impl Plan {
         }
         let w_load = WLoad::for_type(ty, cols);
         let limit = ctx.caps.max_compute_workgroup_storage_size;
+        // The other K step where the preferred one does not fit (one does: see unsupported_reason).
         let bk = match step_k(w_load) {
-            64 if workgroup_bytes(64, 64) > limit => 32,
+            k if workgroup_bytes(64, k) > limit => 96 - k,
             k => k,
         };
         let wide_fits = workgroup_bytes(128, bk) <= limit;

@@ -898,11 +898,17 @@ fn coop_kernel_matches_cpu_exactly() {
                         // Emulated pipelines take seconds each to compile on lavapipe: a few
                         // types cover the kernel's paths (x by f16 runs and by element, F16
                         // rows read raw (100 columns) or decoded (97), 18-byte blocks loaded
-                        // early, k-quant super-blocks loaded early (Q4_K, Q6_K) and late (Q5_K)).
+                        // early, k-quant super-blocks loaded early (Q4_K, Q5_K, Q6_K) and late
+                        // (Q3_K)).
                         if emulated
                             && !matches!(
                                 ty,
-                                GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::F16
+                                GgmlType::Q4_0
+                                    | GgmlType::Q4K
+                                    | GgmlType::Q5K
+                                    | GgmlType::Q6K
+                                    | GgmlType::Q3K
+                                    | GgmlType::F16
                             )
                         {
                             continue;
@@ -1061,7 +1067,7 @@ fn on_coop_devices(
 /// gate|up stack in the product's own dispatch, against the CPU's product and a host SiLU, on
 /// f16-exact data (the products are exact, only exp differs). F = 131 output columns (three
 /// tiles of 64, the last mostly empty), n = 130 and 70, both x tiles, for an early-loaded type
-/// (Q4_0), a late-decoded one (Q5_K) and raw F16 words; emulated where the device has no
+/// (Q4_0), a late-decoded one (Q3_K) and raw F16 words; emulated where the device has no
 /// cooperative matrices. Where timestamps allow, the profile shows the product alone: no
 /// separate silu or mul dispatch.
 #[test]
@@ -1070,7 +1076,7 @@ fn coop_glu_epilogue_matches_composition() {
     let _reset = CoopReset;
     let f = 131usize;
     let mut ran = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q5K, GgmlType::F16] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q3K, GgmlType::F16] {
         let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
         let bytes = f16_exact_weights(ty.id() as u64 + 700, ty, 2 * f, cols);
         let w_cpu = QTensor::from_vec(ty, 2 * f, cols, bytes.clone(), &Device::Cpu).unwrap();
@@ -1104,7 +1110,7 @@ fn coop_glu_epilogue_matches_composition() {
 
 /// The coop kernel's residual epilogue (`qmatmul_add` of many x rows): resid + x W^T in the
 /// product's own dispatch, exactly the CPU's on f16-exact data (residuals multiples of 1/8),
-/// for Q4_0 (loaded early), Q5_K (late) and F16, both x tiles, one binding and row slices of
+/// for Q4_0 (loaded early), Q3_K (late) and F16, both x tiles, one binding and row slices of
 /// ~48 rows (the residual's offset per slice), emulated where the device has no cooperative
 /// matrices. Where timestamps allow, the profile shows no separate add dispatch.
 #[test]
@@ -1113,7 +1119,7 @@ fn coop_add_epilogue_matches_composition() {
     let _reset = CoopReset;
     let (rows, n) = (131usize, 130usize);
     let mut ran = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q5K, GgmlType::F16] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q3K, GgmlType::F16] {
         let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
         let bytes = f16_exact_weights(ty.id() as u64 + 900, ty, rows, cols);
         let w_cpu = QTensor::from_vec(ty, rows, cols, bytes.clone(), &Device::Cpu).unwrap();
@@ -1150,9 +1156,9 @@ fn coop_add_epilogue_matches_composition() {
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
     // 72 per (type, loader): two x tiles, two K steps, three x accesses, three epilogues (none,
-    // GLU, residual), real and emulated. F16 has two loaders (raw words, decoded), the six
+    // GLU, residual), real and emulated. F16 has two loaders (raw words, decoded), the seven
     // types whose runs lie in a few words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 6) * 72);
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 72);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");
@@ -1191,7 +1197,7 @@ fn coop_prefill_speed() {
         (4096, 14336),
     ];
     let n = 512;
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::F16] {
         if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
             continue;
         }

@@ -12,7 +12,8 @@
 // 8) of the row whose first byte is `rb`; the tiled matmul and the row gather use it. The float
 // operations follow quant/dequant.rs (the CPU reference), e.g. (q - 8) * d for Q4_0.
 //
-// Types whose run of 8 lies in a few words (Q4_0, Q4_1, Q5_1, Q8_0: four; Q4_K: six; Q6_K: eight) split it in
+// Types whose run of 8 lies in a few words (Q4_0, Q4_1, Q5_1, Q8_0: four; Q4_K: six; Q5_K, Q6_K:
+// eight) split it in
 // two: `raw8_<type>(rb, c) -> Raw8_<type>` loads the words and `dec8_<type>(r, rb, c)` decodes
 // them, so a kernel can issue the loads early and decode once they have arrived (the coop
 // prefill kernel loads the next step's runs before its products); `deq8_<type>` is the two in
@@ -304,23 +305,34 @@ fn deq8_q4k(rb: u32, c: u32, cols: u32) -> V8 {
 
 // @@ q5k
 // Q5_K (176 B: d, dmin, scales[12], qh[32], qs[128]): Q4_K plus bit g of qh[l] as the fifth bit.
-fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
+// A run's raw words: (d, dmin) and the 12 scale bytes (a), its two high-bit words and its two
+// quant words (b). Blocks and rows start at words (176-byte blocks).
+struct Raw8_q5k {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+fn raw8_q5k(rb: u32, c: u32) -> Raw8_q5k {
     let off = rb + (c >> 8u) * 176u;
     let j = c & 255u;
-    let k = j >> 6u;
-    let hh = (j >> 5u) & 1u;
-    let g = 2u * k + hh;
-    let l = j & 31u;
     let i = off >> 2u;
-    let dd = unpack2x16float(w[i]);
-    let sm = scale_min_k4_w(w[i + 1u], w[i + 2u], w[i + 3u], g);
+    let hi = (off + 16u + (j & 31u)) >> 2u;
+    let qi = (off + 48u + 32u * (j >> 6u) + (j & 31u)) >> 2u;
+    return Raw8_q5k(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]), vec4<u32>(w[hi], w[hi + 1u], w[qi], w[qi + 1u]));
+}
+fn dec8_q5k(r: Raw8_q5k, rb: u32, c: u32) -> V8 {
+    let j = c & 255u;
+    let hh = (j >> 5u) & 1u;
+    let g = 2u * (j >> 6u) + hh;
+    let dd = unpack2x16float(r.a.x);
+    let sm = scale_min_k4_w(r.a.y, r.a.z, r.a.w, g);
     let dl = dd.x * sm.x;
     let ml = dd.y * sm.y;
-    let hi = (off + 16u + l) >> 2u;
-    let qi = (off + 48u + 32u * k + l) >> 2u;
-    let a = ((w[qi] >> (4u * hh)) & 0x0F0F0F0Fu) | (((w[hi] >> g) & 0x01010101u) << 4u);
-    let b = ((w[qi + 1u] >> (4u * hh)) & 0x0F0F0F0Fu) | (((w[hi + 1u] >> g) & 0x01010101u) << 4u);
+    let a = ((r.b.z >> (4u * hh)) & 0x0F0F0F0Fu) | (((r.b.x >> g) & 0x01010101u) << 4u);
+    let b = ((r.b.w >> (4u * hh)) & 0x0F0F0F0Fu) | (((r.b.y >> g) & 0x01010101u) << 4u);
     return V8(dl * u8x4(a) - ml, dl * u8x4(b) - ml);
+}
+fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
+    return dec8_q5k(raw8_q5k(rb, c), rb, c);
 }
 
 // @@ q6k

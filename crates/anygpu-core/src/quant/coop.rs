@@ -275,7 +275,16 @@ impl WLoad {
 
 /// Types with `raw8_<type>` / `dec8_<type>` in common.wgsl.
 fn has_raw8(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K)
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+    )
 }
 
 /// `ANYGPU_COOP_WLATE=1` (read once): every quantized type decoded after the products, as

@@ -23,10 +23,10 @@
 // invocation stages fixed runs of 8 elements whose addresses, workgroup slots and edge tests are
 // worked out before the K loop, and the next step's x runs are loaded into registers before the
 // current products and converted only after them. W runs are loaded raw the same way
-// (`W_EARLY`) where they are plain f16 words (F16 rows of even length) or a type's four raw
-// words (`raw8_<type>`: Q4_0, Q4_1, Q5_1, Q8_0), decoded after the products (H100, 8B Q4_0
-// pp512 4,896 -> 5,486 tok/s); the other types' runs are loaded and decoded after the products,
-// so each step waits for their loads once.
+// (`W_EARLY`) where they are plain f16 words (F16 rows of even length) or a type's few raw
+// words (`raw8_<type>`: Q4_0, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), decoded after the products
+// (H100, 8B Q4_0 pp512 4,896 -> 5,486 tok/s); the other types' runs (Q5_0, Q2_K, Q3_K) are
+// loaded and decoded after the products, so each step waits for their loads once.
 //
 // Workgroup tiles: both are stored K-contiguous, row r of a tile at r * SK halves, SK = BK + 8:
 // the 8 halves of padding (16 bytes) put the 8 rows a matrix load touches at once in different

@@ -1147,8 +1147,8 @@ fn coop_add_epilogue_matches_composition() {
     eprintln!("coop add ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
-/// Every specialisation of the coop kernel (11 types x 2 tiles x 2 x accesses, and F16's two W
-/// loaders) parses,
+/// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 3
+/// epilogues, for each W loader a type has) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
 /// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
 /// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
@@ -1197,7 +1197,9 @@ fn coop_prefill_speed() {
         (4096, 14336),
     ];
     let n = 512;
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::F16] {
+    for ty in
+        [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::F16]
+    {
         if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
             continue;
         }

@@ -104,6 +104,14 @@ fn scale_min_k4_w(s0: u32, s1: u32, s2: u32, g: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
+// Group g's scale d * sc and offset dmin * m of a Q4_K / Q5_K block from its first four words
+// (d and dmin, the 12 scale bytes): w = scale * q - offset.
+fn k_group_scale(a: vec4<u32>, g: u32) -> vec2<f32> {
+    let dd = unpack2x16float(a.x);
+    let sm = scale_min_k4_w(a.y, a.z, a.w, g);
+    return vec2<f32>(dd.x * sm.x, dd.y * sm.y);
+}
+
 // @@ q3k
 // Signed 6-bit scale of group g (0..16) of a Q3_K block, scale bytes at `sb` (bias 32 removed).
 fn scale_q3k(sb: u32, g: u32) -> f32 {
@@ -293,11 +301,8 @@ fn raw8_q4k(rb: u32, c: u32) -> Raw8_q4k {
 fn dec8_q4k(r: Raw8_q4k, rb: u32, c: u32) -> V8 {
     let j = c & 255u;
     let hh = (j >> 5u) & 1u;
-    let dd = unpack2x16float(r.a.x);
-    let sm = scale_min_k4_w(r.a.y, r.a.z, r.a.w, 2u * (j >> 6u) + hh);
-    let dl = dd.x * sm.x;
-    let ml = dd.y * sm.y;
-    return V8(dl * nib4(r.b.x >> (4u * hh)) - ml, dl * nib4(r.b.y >> (4u * hh)) - ml);
+    let s = k_group_scale(r.a, 2u * (j >> 6u) + hh);
+    return V8(s.x * nib4(r.b.x >> (4u * hh)) - s.y, s.x * nib4(r.b.y >> (4u * hh)) - s.y);
 }
 fn deq8_q4k(rb: u32, c: u32, cols: u32) -> V8 {
     return dec8_q4k(raw8_q4k(rb, c), rb, c);
@@ -323,13 +328,10 @@ fn dec8_q5k(r: Raw8_q5k, rb: u32, c: u32) -> V8 {
     let j = c & 255u;
     let hh = (j >> 5u) & 1u;
     let g = 2u * (j >> 6u) + hh;
-    let dd = unpack2x16float(r.a.x);
-    let sm = scale_min_k4_w(r.a.y, r.a.z, r.a.w, g);
-    let dl = dd.x * sm.x;
-    let ml = dd.y * sm.y;
+    let s = k_group_scale(r.a, g);
     let a = ((r.b.z >> (4u * hh)) & 0x0F0F0F0Fu) | (((r.b.x >> g) & 0x01010101u) << 4u);
     let b = ((r.b.w >> (4u * hh)) & 0x0F0F0F0Fu) | (((r.b.y >> g) & 0x01010101u) << 4u);
-    return V8(dl * u8x4(a) - ml, dl * u8x4(b) - ml);
+    return V8(s.x * u8x4(a) - s.y, s.x * u8x4(b) - s.y);
 }
 fn deq8_q5k(rb: u32, c: u32, cols: u32) -> V8 {
     return dec8_q5k(raw8_q5k(rb, c), rb, c);

@@ -26,7 +26,7 @@
 //!
 //! # Speed (H100, n = 512; `coop_prefill_speed`, BENCHMARKS.md)
 //!
-//! 70-113 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (x rounded to f16
+//! 85-130 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (x rounded to f16
 //! first, W runs loaded before the products where the type allows: see the WGSL header), 6-28
 //! on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the tiled f32
 //! kernel. `ANYGPU_COOP_XF32=1` and `ANYGPU_COOP_WLATE=1` (read once) bring back the f32 x runs
@@ -181,7 +181,7 @@ fn tile_override() -> u32 {
 }
 
 /// How one product runs on the coop kernel: the x tile and x's access, fixed for the call.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Plan {
     /// x rows per workgroup tile: 64 or 128.
     bx: u32,
@@ -199,10 +199,9 @@ pub(super) struct Plan {
 }
 
 /// How the kernel reads x (its WGSL section).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum XAccess {
     /// f32 elements, masked as read: any `cols` and offset.
-    #[default]
     Scalar,
     /// f32 vec4s: `cols` and x's element offset are multiples of 4 (then so is every
     /// dispatch's x_off: bindings start at multiples of 256 bytes).
@@ -247,7 +246,7 @@ fn x_f32_forced() -> bool {
 }
 
 /// How the kernel stages its runs of 8 weights (see [`w_loader`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum WLoad {
     /// Raw f16 words loaded before the products, converted after them: F16 rows of even
     /// length (which start at 4-byte boundaries).
@@ -256,7 +255,6 @@ pub(super) enum WLoad {
     /// (`dec8_<type>`) after them: the types whose runs lie in a few words ([`has_raw8`]).
     Early,
     /// Loaded and decoded (`deq8`) after the products, which wait for nothing then: the rest.
-    #[default]
     Late,
 }
 

@@ -981,12 +981,7 @@ pub(crate) fn qmatmul_coop_epilogue(
     const OP: &str = "qmatmul";
     let (_, ctx) = gpu_weights(OP, w)?;
     let n = x.numel() / w.cols().max(1);
-    let kernel = match opts.kernel {
-        Some(k) => k,
-        None if n <= MATVEC_MAX_N => QKernel::Matvec,
-        None => super::coop::prefill_kernel(&ctx, w.ggml_type(), n),
-    };
-    if kernel != QKernel::Coop || epilogues_apart() || x.dtype() != DType::F32 {
+    if kernel_for(&ctx, w.ggml_type(), n, &opts) != QKernel::Coop || epilogues_apart() || x.dtype() != DType::F32 {
         return Ok(None);
     }
     let mut out_shape = x.dims().to_vec();
@@ -1000,6 +995,16 @@ pub(crate) fn qmatmul_coop_epilogue(
         *last = out_cols;
     }
     qmatmul_with(w, x, n, out_shape, opts, epi, Prologue::None).map(Some)
+}
+
+/// The kernel of a product of `n` x rows: the one `opts` forces, else the matvec for a few rows
+/// and the prefill kernel for more.
+fn kernel_for(ctx: &GpuContext, ty: GgmlType, n: usize, opts: &QOptions) -> QKernel {
+    match opts.kernel {
+        Some(k) => k,
+        None if n <= MATVEC_MAX_N => QKernel::Matvec,
+        None => super::coop::prefill_kernel(ctx, ty, n),
+    }
 }
 
 /// `ANYGPU_COOP_EPILOGUES=0` (read once): the prefill's GLU and residual add apart from its
@@ -1187,20 +1192,17 @@ fn qmatmul_with(
     let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let max_binding = binding_limit(&ctx, &opts);
     let slices = row_slices(OP, w, max_binding)?;
-    let kernel = match opts.kernel {
-        Some(k) => k,
-        None if n <= MATVEC_MAX_N => QKernel::Matvec,
-        None => super::coop::prefill_kernel(&ctx, ty, n),
-    };
-    let coop_plan = match (kernel, epi) {
-        (QKernel::Coop, Epilogue::Glu) => {
-            super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?.with_glu()
+    let kernel = kernel_for(&ctx, ty, n, &opts);
+    let coop_plan = match kernel {
+        QKernel::Coop => {
+            let plan = super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?;
+            Some(match epi {
+                Epilogue::Glu => plan.with_glu(),
+                Epilogue::Add(_) => plan.with_add(),
+                _ => plan,
+            })
         }
-        (QKernel::Coop, Epilogue::Add(_)) => {
-            super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?.with_add()
-        }
-        (QKernel::Coop, _) => super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?,
-        _ => super::coop::Plan::default(),
+        _ => None,
     };
     let resid = match epi {
         Epilogue::Add(r) => {
@@ -1292,7 +1294,7 @@ fn qmatmul_with(
             None => String::new(),
         }),
         QKernel::Tiled => KernelSpec::new(format!("qmatmul_{name}"), type_source(Source::Matmul, ty), "matmul"),
-        QKernel::Coop => coop_plan.spec(ty),
+        QKernel::Coop => coop_plan.as_ref().ok_or_else(|| Error::gpu(OP, "no coop plan"))?.spec(ty),
     };
     let norm_binding = norm.map(|_| if resid.is_some() { 5 } else { 4 });
     let pipeline = match kernel {
@@ -1317,7 +1319,7 @@ fn qmatmul_with(
     // stray dispatch behind).
     let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
     // The coop kernel's x as f16 (see coop::XAccess::Half).
-    let xh = match kernel == QKernel::Coop && coop_plan.x_half() {
+    let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
         true => Some(super::coop::x_to_f16(&ctx, &x)?),
         false => None,
     };
@@ -1439,7 +1441,10 @@ fn qmatmul_with(
                         out_stride: out_rows,
                         r_off,
                     };
-                    coop_plan.dispatch(&ctx, &pipeline, d, &binds)?;
+                    coop_plan
+                        .as_ref()
+                        .ok_or_else(|| Error::gpu(OP, "no coop plan"))?
+                        .dispatch(&ctx, &pipeline, d, &binds)?;
                 }
             }
         }

@@ -82,6 +82,7 @@ struct Params {
 // @@ xvec xvec_emu
 // cols and i are multiples of 4 (so n is 0, 4 or 8): two vec4 loads, kept raw until stored.
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+alias Raw_x = Raw8;
 fn ld_x(i: u32, n: u32) -> Raw8 {
     return Raw8(x[i >> 2u], x[(i >> 2u) + 1u]);
 }
@@ -92,6 +93,7 @@ fn st_x(at: u32, r: Raw8, n: u32) {
 // @@ xscalar xscalar_emu
 // Any cols and offset: element loads, masked as they are read.
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+alias Raw_x = Raw8;
 fn ld_x(i: u32, n: u32) -> Raw8 {
     var r = Raw8(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var e = 0u; e < 4u; e++) {
@@ -112,6 +114,7 @@ fn st_x(at: u32, r: Raw8, n: u32) {
 // x already f16 (rounded and clamped by coop.rs's x_to_f16), cols and i multiples of 8 (so n is
 // 0 or 8): one 16-byte load per run, kept raw until stored.
 @group(0) @binding(2) var<storage, read> x: array<vec4<u32>>;
+alias Raw_x = vec4<u32>;
 fn ld_x(i: u32, n: u32) -> vec4<u32> {
     return x[i >> 3u];
 }
@@ -221,6 +224,18 @@ fn glu8(g: array<f32, 8>, u: array<f32, 8>) -> array<f32, 8> {
         v[e] = g[e] / (1.0 + exp(-g[e])) * u[e];
     }
     return v;
+}
+
+// Writes lane l's part of a pair of accumulators drained as v0, v1 (x rows xr0 ..): the W rows
+// col0 .. and col0 + 16 .. of the output; under GLU, silu(v0) * v1 at output columns col0 ..
+// (the gate|up stack's f = rows / 2 of them).
+fn put_pair(lane: u32, xr0: u32, col0: u32, v0: array<f32, 8>, v1: array<f32, 8>) {
+    if (GLU == 1u) {
+        put8(lane, xr0, col0, glu8(v0, v1), p.rows / 2u);
+    } else {
+        put8(lane, xr0, col0, v0, p.rows);
+        put8(lane, xr0, col0 + 16u, v1, p.rows);
+    }
 }
 
 @compute @workgroup_size(256)
@@ -399,47 +414,27 @@ fn matmul(
         workgroupBarrier();
     }
 
+    // The accumulators leave in pairs (c<i>0, c<i>1): 16 x rows by the subgroup's two 16-column
+    // W blocks, or under GLU by its 16 output columns' gate and up products.
     let xo = x0 + wx;
-    if (GLU == 1u) {
-        let oc = oc0 + 16u * (sg % 4u);
-        coopStoreT(c00, &scratch[sg * 256u], 16u);
-        let g0 = scratch8(sg, lane);
-        coopStoreT(c01, &scratch[sg * 256u], 16u);
-        put8(lane, xo, oc, glu8(g0, scratch8(sg, lane)), f);
-        coopStoreT(c10, &scratch[sg * 256u], 16u);
-        let g1 = scratch8(sg, lane);
-        coopStoreT(c11, &scratch[sg * 256u], 16u);
-        put8(lane, xo + 16u, oc, glu8(g1, scratch8(sg, lane)), f);
-        if (XV == 4u) {
-            coopStoreT(c20, &scratch[sg * 256u], 16u);
-            let g2 = scratch8(sg, lane);
-            coopStoreT(c21, &scratch[sg * 256u], 16u);
-            put8(lane, xo + 32u, oc, glu8(g2, scratch8(sg, lane)), f);
-            coopStoreT(c30, &scratch[sg * 256u], 16u);
-            let g3 = scratch8(sg, lane);
-            coopStoreT(c31, &scratch[sg * 256u], 16u);
-            put8(lane, xo + 48u, oc, glu8(g3, scratch8(sg, lane)), f);
-        }
-        return;
-    }
-    let wo = w0 + ww;
+    let col0 = select(w0 + ww, oc0 + 16u * (sg % 4u), GLU == 1u);
     coopStoreT(c00, &scratch[sg * 256u], 16u);
-    put8(lane, xo, wo, scratch8(sg, lane), p.rows);
+    let v00 = scratch8(sg, lane);
     coopStoreT(c01, &scratch[sg * 256u], 16u);
-    put8(lane, xo, wo + 16u, scratch8(sg, lane), p.rows);
+    put_pair(lane, xo, col0, v00, scratch8(sg, lane));
     coopStoreT(c10, &scratch[sg * 256u], 16u);
-    put8(lane, xo + 16u, wo, scratch8(sg, lane), p.rows);
+    let v10 = scratch8(sg, lane);
     coopStoreT(c11, &scratch[sg * 256u], 16u);
-    put8(lane, xo + 16u, wo + 16u, scratch8(sg, lane), p.rows);
+    put_pair(lane, xo + 16u, col0, v10, scratch8(sg, lane));
     if (XV == 4u) {
         coopStoreT(c20, &scratch[sg * 256u], 16u);
-        put8(lane, xo + 32u, wo, scratch8(sg, lane), p.rows);
+        let v20 = scratch8(sg, lane);
         coopStoreT(c21, &scratch[sg * 256u], 16u);
-        put8(lane, xo + 32u, wo + 16u, scratch8(sg, lane), p.rows);
+        put_pair(lane, xo + 32u, col0, v20, scratch8(sg, lane));
         coopStoreT(c30, &scratch[sg * 256u], 16u);
-        put8(lane, xo + 48u, wo, scratch8(sg, lane), p.rows);
+        let v30 = scratch8(sg, lane);
         coopStoreT(c31, &scratch[sg * 256u], 16u);
-        put8(lane, xo + 48u, wo + 16u, scratch8(sg, lane), p.rows);
+        put_pair(lane, xo + 48u, col0, v30, scratch8(sg, lane));
     }
 }
 

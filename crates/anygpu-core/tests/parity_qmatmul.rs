@@ -866,9 +866,10 @@ fn f16_exact_x(seed: u64, n: usize) -> Vec<f32> {
 /// sum (at most 512 terms: < 2^15) then fits f32's 24 bits, so both sides compute the exact
 /// sum whatever the order or the rounding mode. Any indexing slip (a lost column, a wrong row,
 /// a stale buffer) changes an output by at least 2^-9, above the 1e-3 allowed. For every type:
-/// both x tiles (64, 128), odd shapes (rows 131: two W tiles, the second mostly empty; n 130
-/// and 5), one binding and row slices of ~48 rows (the x rows then come in chunks too, at
-/// offsets inside their bindings), and the default kernel choice.
+/// both x tiles (64, 128), odd shapes (rows 260: two whole W tiles, which leave straight from
+/// the accumulators where their x tile is whole too, and a third of 4 rows, which leaves through
+/// the scratch; n 130 and 5), one binding and row slices of ~48 rows (the x rows then come in
+/// chunks too, at offsets inside their bindings), and the default kernel choice.
 ///
 /// On devices with cooperative matrices the kernel runs as it is; elsewhere (lavapipe) forcing
 /// it must fail with `Unsupported` and the reason, and the kernel runs with the cooperative
@@ -883,7 +884,7 @@ fn coop_kernel_matches_cpu_exactly() {
     let mut ran = Vec::new();
     for ty in coop_types() {
         for cols in coop_cols(ty) {
-            let rows = 131;
+            let rows = 260;
             let bytes = f16_exact_weights(ty.id() as u64 + 300, ty, rows, cols);
             let w_cpu = QTensor::from_vec(ty, rows, cols, bytes.clone(), &Device::Cpu).unwrap();
             let sliced = 256 + 48 * w_cpu.row_bytes() as u64;
@@ -1117,7 +1118,9 @@ fn coop_glu_epilogue_matches_composition() {
 fn coop_add_epilogue_matches_composition() {
     let _turn = one_at_a_time();
     let _reset = CoopReset;
-    let (rows, n) = (131usize, 130usize);
+    // Rows 260: whole W tiles (the residual loaded into the accumulators) and a partial one
+    // (added in the scratch drain).
+    let (rows, n) = (260usize, 130usize);
     let mut ran = Vec::new();
     for ty in [GgmlType::Q4_0, GgmlType::Q3K, GgmlType::F16] {
         let cols = coop_cols(ty)[coop_cols(ty).len() - 1];

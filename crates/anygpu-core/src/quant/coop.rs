@@ -348,13 +348,35 @@ impl Plan {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
         let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
         let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-        let spec = spec.constant_u32("BX", self.bx).constant_u32("KB", self.bk).constant_u32("GLU", self.glu as u32);
-        // The residual's binding exists only where it is bound.
-        spec.with(if self.add {
-            "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
-             fn resid_at(i: u32) -> f32 { return resid[i]; }"
-        } else {
-            "fn resid_at(i: u32) -> f32 { return 0.0; }"
+        let spec = spec
+            .constant_u32("BX", self.bx)
+            .constant_u32("KB", self.bk)
+            .constant_u32("GLU", self.glu as u32)
+            .constant_u32("ADD", self.add as u32);
+        // The residual's binding exists only where it is bound; `add16(i)` is its 16 x 16 block
+        // from element i (rows p.out_stride apart) as an accumulator (the direct drain's start).
+        spec.with(match (self.add, emulated) {
+            (false, false) => {
+                "fn resid_at(i: u32) -> f32 { return 0.0; }\n\
+                 fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }"
+            }
+            (false, true) => "fn resid_at(i: u32) -> f32 { return 0.0; }\nfn add16(i: u32) -> EmuC { return EmuC(); }",
+            (true, false) => {
+                "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
+                 fn resid_at(i: u32) -> f32 { return resid[i]; }\n\
+                 fn add16(i: u32) -> coop_mat16x16<f32, C> {\n\
+                     let stride = p.out_stride;\n\
+                     return coopLoadT<coop_mat16x16<f32, C>>(&resid[i], stride);\n}"
+            }
+            (true, true) => {
+                "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
+                 fn resid_at(i: u32) -> f32 { return resid[i]; }\n\
+                 fn add16(i: u32) -> EmuC {\n\
+                     var m: EmuC;\n\
+                     let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;\n\
+                     for (var j = 0u; j < 8u; j++) { m.v[j] = resid[at + j]; }\n\
+                     return m;\n}"
+            }
         })
     }
 
@@ -378,7 +400,12 @@ impl Plan {
             tiles_x: u(tiles_x)?,
             tiles_w: u(tiles_w)?,
             r_off: d.r_off,
-            _pad: 0,
+            // The cooperative-matrix stores and loads of the direct drain need 16-byte
+            // aligned rows.
+            direct: (d.out_off.is_multiple_of(4)
+                && d.out_stride.is_multiple_of(4)
+                && (!self.add || d.r_off.is_multiple_of(4))
+                && !direct_off()) as u32,
         };
         ctx.dispatch(pipeline, OP, bytemuck::bytes_of(&params), binds, ctx.grid_1d(u(groups)?))
     }
@@ -464,7 +491,14 @@ struct CoopParams {
     tiles_x: u32,
     tiles_w: u32,
     r_off: u32,
-    _pad: u32,
+    direct: u32,
+}
+
+/// `ANYGPU_COOP_DIRECT=0` (read once): every tile drains through the scratch, as before the
+/// direct stores (for A/B measurements).
+fn direct_off() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_DIRECT").is_ok_and(|v| v == "0"))
 }
 
 /// The kernel's WGSL for one type, x access and W loader: common.wgsl with that type's

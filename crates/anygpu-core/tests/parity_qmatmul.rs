@@ -721,7 +721,8 @@ fn env_list(name: &str) -> Option<Vec<String>> {
 /// replaces the decode shapes (rows x cols; the 1B model's: 3072x2048 Q|K|V, 2048x2048 wo,
 /// 16384x2048 gate|up, 2048x8192 down), `QBENCH_Q8=0,1` compares the exact and the Q8 matvec
 /// (x rounded to 8-bit blocks; the bench's weights ask for neither, so `auto` is exact),
-/// `QBENCH_SMALLN=1` compares both kernels for n = 2..16.
+/// `QBENCH_SMALLN=1` compares both kernels for n = 2..16, `QBENCH_ROTATE=4` takes four copies of
+/// each decode matrix in turn (matrices below the L2's size are otherwise read from it).
 #[test]
 #[ignore]
 fn bench() {
@@ -740,6 +741,7 @@ fn bench() {
     };
     let tprs = list("QBENCH_TPR");
     let q8s = list("QBENCH_Q8");
+    let rotate = std::env::var("QBENCH_ROTATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
     let shapes: Vec<(usize, usize)> = match env_list("QBENCH_SHAPES") {
         Some(v) => v
             .iter()
@@ -757,18 +759,38 @@ fn bench() {
         for &(rows, cols) in &shapes {
             let bytes = random_weights(1, ty, rows, cols);
             let mb = bytes.len() as f64 / 1e6;
-            let w = QTensor::from_vec(ty, rows, cols, bytes, d).unwrap();
+            // Copies of W taken in turn, so that each call reads its weights from DRAM as a
+            // decode step does, not from the previous call's L2 (50 MB on an H100).
+            let ws: Vec<QTensor> =
+                (0..rotate).map(|_| QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap()).collect();
+            let turn = std::cell::Cell::new(0usize);
+            let next = || {
+                turn.set(turn.get() + 1);
+                &ws[turn.get() % ws.len()]
+            };
             let x = upload_x(2, 1, cols, d).unwrap();
             for &tpr in &tprs {
                 for &q8 in &q8s {
                     let opts = QOptions { threads_per_row: tpr, x_q8: q8.map(|v| v == 1), ..Default::default() };
-                    let (host, gpu) = time_us(d, 200, || qmatmul_opts(&w, &x, opts));
+                    let (host, gpu) = time_us(d, 200, || qmatmul_opts(next(), &x, opts));
+                    // The kernel alone (its dispatches timed on the GPU, each in a pass of its
+                    // own): the loop above is bound by the host for matrices this small.
+                    let kernel_us = d
+                        .gpu()
+                        .expect("a GPU device")
+                        .profile_dispatches(|| (0..20).try_for_each(|_| qmatmul_opts(next(), &x, opts).map(drop)))
+                        .unwrap()
+                        .1
+                        .map(|ops| ops.iter().map(|o| o.2).sum::<f64>() * 1e6 / 20.0);
                     eprintln!(
-                        "decode  {:5} [{rows:5}, {cols}] tpr {:>4} q8 {:>4} {mb:8.2} MB  gpu {gpu:7.1} us {:6.0} GB/s  host {host:5.1} us",
+                        "decode  {:5} [{rows:5}, {cols}] tpr {:>4} q8 {:>4} {mb:8.2} MB  gpu {gpu:7.1} us  host {host:5.1} us  kernels {}",
                         ty.name(),
                         tpr.map_or("auto".to_string(), |t| t.to_string()),
                         q8.map_or("auto".to_string(), |t| t.to_string()),
-                        mb * 1e3 / gpu
+                        kernel_us.map_or("(no timestamps)".to_string(), |k| format!(
+                            "{k:6.1} us {:6.0} GB/s",
+                            mb * 1e3 / k
+                        )),
                     );
                 }
             }

@@ -49,7 +49,10 @@
 //! Where x is normalised outside the kernel anyway, the 32-weight block types and Q4_K / Q5_K /
 //! Q6_K take x rounded to 8-bit blocks in that dispatch and use integer dot products
 //! (matvec_q8.wgsl, `x_q8`): their f32 x loads (two vec4 per unit, eight cache lines per warp
-//! load) had cost more than their weight loads.
+//! load) had cost more than their weight loads. Q4_0's unit is then a whole block (9 loads per
+//! 32 weights instead of about 30; H100, 8B Q4_0 decode step 3.98 -> 3.28 ms of GPU time).
+//! `QBENCH_ROTATE=4` makes the bench take copies of W in turn, and its `kernels` column times
+//! the dispatches on the GPU.
 //!
 //! # Prefill (n > 1)
 //!
@@ -656,6 +659,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
             (
                 "X_DECL",
                 "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
+                 @group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
                  @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
                  @group(0) @binding(2) var<storage, read> x1: array<f32>;",
             ),
@@ -844,8 +848,16 @@ pub(crate) fn qmatvec_fused(
         return Ok(None);
     }
     // Workgroups of the product per x row (see qmatmul_with): the prologues' rules judge by it.
-    let layout =
-        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), w.cols(), epi, pro.staging(), opts.threads_per_row)?;
+    let layout = MatvecLayout::new(
+        "qmatmul",
+        w.ggml_type(),
+        w.rows(),
+        w.cols(),
+        false,
+        epi,
+        pro.staging(),
+        opts.threads_per_row,
+    )?;
     let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if let Prologue::Combine(pa) = pro {
         if !combine_fits(w, pa, &ctx, epi, &opts, groups) {
@@ -1257,7 +1269,7 @@ fn qmatmul_with(
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
-    let layout = MatvecLayout::new(OP, ty, rows, cols, epi, pro.staging(), opts.threads_per_row)?;
+    let layout = MatvecLayout::new(OP, ty, rows, cols, q8, epi, pro.staging(), opts.threads_per_row)?;
     let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
@@ -1383,7 +1395,7 @@ fn qmatmul_with(
                         cols: u(cols)?,
                         row_bytes: u(w.row_bytes())?,
                         w_off: s.w_off,
-                        units: u(matvec_units(ty, cols))?,
+                        units: u(matvec_units(ty, cols, q8))?,
                         x_off,
                         // Q8 x: a row is cols / 4 words of bytes (then the scales, at xd_off).
                         x_stride: u(if q8 { cols / 4 } else { cols * 4 / x_unit })?,

@@ -7,11 +7,13 @@ use super::gpu::{Epilogue, WG};
 use super::GgmlType;
 use crate::error::{Error, Result};
 
-/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl): 4 elements
-/// of the plain float types, one quant word of the 32-weight blocks (4 per block), 16 weights of
-/// the k-quants (16 per super-block).
-pub(super) fn matvec_units(ty: GgmlType, cols: usize) -> usize {
+/// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl and
+/// matvec_q8.wgsl): 4 elements of the plain float types, one quant word of the 32-weight blocks
+/// (4 per block) except a whole Q4_0 block with Q8 x (`q8`), 16 weights of the k-quants (16 per
+/// super-block).
+pub(super) fn matvec_units(ty: GgmlType, cols: usize, q8: bool) -> usize {
     match ty {
+        GgmlType::Q4_0 if q8 => cols / 32,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(4),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 8,
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 16,
@@ -66,6 +68,13 @@ fn min_groups(ty: GgmlType, staging: Staging) -> usize {
     }
 }
 
+/// `ANYGPU_MATVEC_TPR=N` (read once): every matvec with N invocations per row (a power of two
+/// up to 256), for sweeps.
+fn tpr_env() -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_MATVEC_TPR").ok().and_then(|v| v.parse().ok()))
+}
+
 /// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
 /// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and
 /// the output rows per workgroup (the kernel's RPW = 256 / tpr row slots, two per output row
@@ -77,19 +86,21 @@ pub(super) struct MatvecLayout {
 }
 
 impl MatvecLayout {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         op: &'static str,
         ty: GgmlType,
         rows: usize,
         cols: usize,
+        q8: bool,
         epi: Epilogue<'_>,
         staging: Staging,
         forced: Option<usize>,
     ) -> Result<MatvecLayout> {
-        let tpr = match forced {
+        let tpr = match forced.or_else(tpr_env) {
             Some(t) if t.is_power_of_two() && t <= WG => t,
             Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-            None => threads_per_row(matvec_units(ty, cols), rows, min_groups(ty, staging)),
+            None => threads_per_row(matvec_units(ty, cols, q8), rows, min_groups(ty, staging)),
         };
         Ok(if epi.paired() {
             let tpr = tpr.min(WG / 2);

@@ -49,8 +49,9 @@
 //! Where x is normalised outside the kernel anyway, the 32-weight block types and Q4_K / Q5_K /
 //! Q6_K take x rounded to 8-bit blocks in that dispatch and use integer dot products
 //! (matvec_q8.wgsl, `x_q8`): their f32 x loads (two vec4 per unit, eight cache lines per warp
-//! load) had cost more than their weight loads. Q4_0's unit is then a whole block (9 loads per
-//! 32 weights instead of about 30; H100, 8B Q4_0 decode step 3.98 -> 3.28 ms of GPU time).
+//! load) had cost more than their weight loads. Their units are then whole blocks, or 64-weight
+//! chunks of the k-quants (Q4_0: 9 loads per 32 weights instead of about 30; H100, 8B Q4_0
+//! decode step 3.98 -> 3.28 ms of GPU time).
 //! `QBENCH_ROTATE=4` makes the bench take copies of W in turn, and its `kernels` column times
 //! the dispatches on the GPU.
 //!
@@ -658,8 +659,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
             // several views of one binding when an entry point uses one).
             (
                 "X_DECL",
-                "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
-                 @group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
+                "@group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
                  @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
                  @group(0) @binding(2) var<storage, read> x1: array<f32>;",
             ),

@@ -163,7 +163,7 @@ fn mv_q4_1(rb: u32, u: u32, xb: u32) -> f32 {
 
 // @@ q5_0 q5_1
 // The 5-bit values of Q5_0 / Q5_1 unit j (qs word q, high bits qh), a byte each: the low
-// nibbles' (weights 4j..) and the high nibbles' (16 + 4j..). Shared with matvec_q8.wgsl.
+// nibbles' (weights 4j..) and the high nibbles' (16 + 4j..).
 fn q5_bytes(q: u32, qh: u32, j: u32) -> vec2<u32> {
     return vec2<u32>((q & 0x0F0F0F0Fu) | spread4(qh >> (4u * j)), ((q >> 4u) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * j)));
 }
@@ -347,7 +347,6 @@ fn mv_q5k(rb: u32, u: u32, xb: u32) -> f32 {
 // Q6_K unit j = 8n + m of the super-block at byte off: ql words at 64n + 4m and 64n + 32 + 4m,
 // qh word at 128 + 32n + 4m hold weights 128n + 32i + 4m.. for runs i 0..4, whose 6-bit values
 // (0..63, a byte each) come in v[i]; their signed scales (bytes 8n + m / 4 + 2i) in sc[i].
-// Shared with matvec_q8.wgsl.
 struct Q6kUnit {
     v: vec4<u32>,
     sc: vec4<f32>,

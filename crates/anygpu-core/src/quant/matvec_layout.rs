@@ -9,12 +9,12 @@ use crate::error::{Error, Result};
 
 /// Work units per row of the matvec kernel (see the `mv_*` functions in matvec.wgsl and
 /// matvec_q8.wgsl): 4 elements of the plain float types, one quant word of the 32-weight blocks
-/// (4 per block) except a whole Q4_0 or Q8_0 block with Q8 x (`q8`), 16 weights of the k-quants (16 per
-/// super-block) except Q4_K's 64-weight chunks with Q8 x.
+/// (4 per block) except a whole block with Q8 x (`q8`), 16 weights of the k-quants (16 per
+/// super-block) except the 64-weight chunks of Q4_K, Q5_K and Q6_K with Q8 x.
 pub(super) fn matvec_units(ty: GgmlType, cols: usize, q8: bool) -> usize {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q8_0 if q8 => cols / 32,
-        GgmlType::Q4K if q8 => cols / 64,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 if q8 => cols / 32,
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K if q8 => cols / 64,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => cols.div_ceil(4),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => cols / 8,
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => cols / 16,

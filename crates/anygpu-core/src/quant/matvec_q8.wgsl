@@ -1,35 +1,24 @@
 // The Q8 unit functions of matvec.wgsl (`mv_<type>_q8`) for the 32-weight block types and
 // Q4_K / Q5_K / Q6_K (whose 32-weight groups, 16-weight for Q6_K's scales, fall inside x's
 // blocks), appended when x comes as 8-bit blocks (quantize_q8.wgsl; x_side in gpu.rs binds them
-// as `xq`): a 32-weight block's unit (b, j) is two integer dot products of four byte pairs (`dot4I8Packed`: one DP4A on NVIDIA)
-// instead of eight float FMAs, and reads 8 bytes of x instead of two 16-byte vec4s (which, at
-// eight lines per warp load, cost more than the weights' own loads: see BENCHMARKS.md, eighth
-// session). H100, parity bench, 57344 x 4096 Q4_0 (GPU µs, one call): 75.9 with f32 x, 61.5
-// with Q8 x, its rounding dispatch included; an experiment without that dispatch 47-56, and
-// with the same Q8 bytes widened to f32 and multiplied as floats 81-107 (the integer products
-// matter as much as the bytes).
+// as `xq4`): integer dot products of byte pairs (`dot4I8Packed`: one DP4A on NVIDIA) instead of
+// float FMAs, and 8-bit x instead of f32 vec4s (which, at eight lines per warp load, cost more
+// than the weights' own loads: see BENCHMARKS.md, eighth session). H100, parity bench, 57344 x
+// 4096 Q4_0 (GPU µs, one call): 75.9 with f32 x, 61.5 with Q8 x, its rounding dispatch
+// included; the same Q8 bytes widened to f32 and multiplied as floats 81-107 (the integer
+// products matter as much as the bytes).
 //
-// x row's words: xq[xb + 8b + k] holds x's bytes 4k..4k+4 of block b; the block's (d, s), s =
-// d * sum(q), at `xds`. Sections per type, as in matvec.wgsl. Q4_0's unit is a whole block
-// (`mv_q4_0_q8`: 9 loads per block instead of about 30 for its four word units; H100, 8B Q4_0
-// decode, rotating copies of W so that they come from DRAM, GPU µs per product: [28672, 4096]
-// 50.7 -> 43.2, [4096, 14336] 33.8 -> 26.3, [4096, 4096] 18.0 -> 15.2; the decode step 3.98 ->
-// 3.28 ms).
-
-// @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
-// Block b's (d, s) of the x row whose bytes start at word xb (rows are cols / 4 words of bytes
-// and cols / 16 words of (d, s) pairs, so the pairs' row offset is a quarter of the bytes').
-fn xds(xb: u32, b: u32) -> vec2<f32> {
-    let i = p.xd_off + ((xb - p.x_off) >> 2u) + 2u * b;
-    return vec2<f32>(bitcast<f32>(xq[i]), bitcast<f32>(xq[i + 1u]));
-}
-
-// @@ q4_0 q5_0 q6k
-// Bytes of `v` minus `m` (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7 set
-// first keeps the subtraction from borrowing across bytes, the XOR clears it again.
-fn bytes_minus(v: u32, m: u32) -> u32 {
-    return ((v | 0x80808080u) - m) ^ 0x80808080u;
-}
+// Units are larger here than the f32-x kernel's (`matvec_units`): a whole block of the 32-weight
+// types, a chunk of 64 weights of the k-quants, whose words are read with as few loads as their
+// alignment allows (x's as 16-byte loads). A warp's loads were the bound: about 30 per Q4_0
+// block for four word units (two per misaligned word, the scale's, two x words and two for the
+// scale pair each), 9 now. H100, 8B Q4_0 decode, rotating copies of W so that they come from
+// DRAM, GPU µs per product: [28672, 4096] 50.7 -> 43.2, [4096, 14336] 33.8 -> 26.3, [4096, 4096]
+// 18.0 -> 15.2; the decode step 3.98 -> 3.28 ms (BENCHMARKS.md, tenth session).
+//
+// x row's words: xq4 holds the row's bytes from word xb, block b's at words xb + 8b .. + 8 (so
+// x word i holds weights 4i..4i + 4 of the row), and the blocks' (d, s) pairs, s = d * sum(q),
+// at `x_block_ds`. Sections per type, as in matvec.wgsl.
 
 // @@ q4_0
 // Q4_0 unit = a whole block b (`matvec_units`: cols / 32 per row), unlike the other types'
@@ -60,16 +49,12 @@ fn mv_q4_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let lo = x_words4(xw);
     let hi = x_words4(xw + 4u);
     let m = vec4<u32>(0x0F0F0F0Fu);
-    let ql = q & m;
-    let qh = (q >> vec4<u32>(4u)) & m;
-    let s = dot4I8Packed(bytes_minus(ql.x, 0x08080808u), lo.x) + dot4I8Packed(bytes_minus(ql.y, 0x08080808u), lo.y)
-        + dot4I8Packed(bytes_minus(ql.z, 0x08080808u), lo.z) + dot4I8Packed(bytes_minus(ql.w, 0x08080808u), lo.w)
-        + dot4I8Packed(bytes_minus(qh.x, 0x08080808u), hi.x) + dot4I8Packed(bytes_minus(qh.y, 0x08080808u), hi.y)
-        + dot4I8Packed(bytes_minus(qh.z, 0x08080808u), hi.z) + dot4I8Packed(bytes_minus(qh.w, 0x08080808u), hi.w);
+    let c = vec4<u32>(0x08080808u);
+    let s = dot16(bytes_minus4(q & m, c), lo) + dot16(bytes_minus4((q >> vec4<u32>(4u)) & m, c), hi);
     return d * x_block_ds(xb, b).x * f32(s);
 }
 
-// @@ q4_0 q8_0 q4k
+// @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
 // Block b's (d, s) of the x row at word xb, as xds reads it, through the one view of x these
 // kernels may use (see x_words4): both in one 16-byte load (pairs start at even words).
 fn x_block_ds(xb: u32, b: u32) -> vec2<f32> {
@@ -78,9 +63,9 @@ fn x_block_ds(xb: u32, b: u32) -> vec2<f32> {
     return bitcast<vec2<f32>>(select(v.xy, v.zw, (di & 2u) != 0u));
 }
 
-// @@ q4_0 q8_0 q4k
+// @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
 // x words xw .. xw + 4 through the vec4 view of x (an entry point may use one view of a
-// binding, so Q4_0, Q8_0 and Q4_K read every x word through it): one 16-byte load where xw is a multiple of
+// binding, so every type reads every x word through it): one 16-byte load where xw is a multiple of
 // 4 (x rows are, when the rounded x starts its binding: every decode step's), else four.
 fn x_words4(xw: u32) -> vec4<u32> {
     if ((xw & 3u) == 0u) {
@@ -91,41 +76,56 @@ fn x_words4(xw: u32) -> vec4<u32> {
 }
 
 // @@ q4_1
-// w = d q + m: the m part meets the block's x sum s (a quarter per unit), as llama.cpp's q8_1.
-fn mv_q4_1_q8(rb: u32, u: u32, xb: u32) -> f32 {
-    let b = u >> 2u;
+// Q4_1 unit = a whole block b (20 bytes: five aligned words), as Q4_0's. w = d q + m: the m
+// part meets the block's x sum s, as llama.cpp's q8_1.
+fn mv_q4_1_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let i = (rb + b * 20u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let q = w[i + 1u + (u & 3u)];
-    let xi = xb + 8u * b + (u & 3u);
+    let q = vec4<u32>(w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u]);
+    let xw = xb + 8u * b;
+    let m = vec4<u32>(0x0F0F0F0Fu);
     // Nibbles 0..15 read the same as signed bytes.
-    let s = dot4I8Packed(q & 0x0F0F0F0Fu, xq[xi]) + dot4I8Packed((q >> 4u) & 0x0F0F0F0Fu, xq[xi + 4u]);
-    let ds = xds(xb, b);
-    return dm.x * ds.x * f32(s) + 0.25 * dm.y * ds.y;
+    let s = dot16(q & m, x_words4(xw)) + dot16((q >> vec4<u32>(4u)) & m, x_words4(xw + 4u));
+    let ds = x_block_ds(xb, b);
+    return dm.x * ds.x * f32(s) + dm.y * ds.y;
+}
+
+// @@ q5_0 q5_1
+// The 5-bit values of a Q5_0 / Q5_1 block's four quant words q (high bits qh), a byte each, as
+// signed bytes minus `bias`: the low nibbles' (weights 0..16, x words 0..4) and the high
+// nibbles' (16..32, x words 4..8).
+fn q5_block(q: vec4<u32>, qh: u32, bias: u32) -> array<vec4<u32>, 2> {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let hl = vec4<u32>(spread4(qh), spread4(qh >> 4u), spread4(qh >> 8u), spread4(qh >> 12u));
+    let hh = vec4<u32>(spread4(qh >> 16u), spread4(qh >> 20u), spread4(qh >> 24u), spread4(qh >> 28u));
+    let top = vec4<u32>(0x80808080u);
+    let c = vec4<u32>(bias);
+    let lo = (q & m) | hl;
+    let hi = ((q >> vec4<u32>(4u)) & m) | hh;
+    return array<vec4<u32>, 2>(((lo | top) - c) ^ top, ((hi | top) - c) ^ top);
 }
 
 // @@ q5_0
-fn mv_q5_0_q8(rb: u32, u: u32, xb: u32) -> f32 {
-    let b = u >> 2u;
-    let j = u & 3u;
+// Q5_0 unit = a whole block b (22 bytes from offset 0 or 2 of a word: the quant words through
+// words4_at), as Q4_0's.
+fn mv_q5_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let off = rb + b * 22u;
-    let v = q5_bytes(u32_at(off + 6u + 4u * j), u32_at(off + 2u), j);
-    let xi = xb + 8u * b + j;
-    let s = dot4I8Packed(bytes_minus(v.x, 0x10101010u), xq[xi]) + dot4I8Packed(bytes_minus(v.y, 0x10101010u), xq[xi + 4u]);
-    return f16_at(off) * xds(xb, b).x * f32(s);
+    let v = q5_block(words4_at(off + 6u), u32_at(off + 2u), 0x10101010u);
+    let xw = xb + 8u * b;
+    let s = dot16(v[0], x_words4(xw)) + dot16(v[1], x_words4(xw + 4u));
+    return f16_at(off) * x_block_ds(xb, b).x * f32(s);
 }
 
 // @@ q5_1
-fn mv_q5_1_q8(rb: u32, u: u32, xb: u32) -> f32 {
-    let b = u >> 2u;
-    let j = u & 3u;
+// Q5_1 unit = a whole block b (24 bytes: six aligned words), as Q4_1's.
+fn mv_q5_1_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let i = (rb + b * 24u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let v = q5_bytes(w[i + 2u + j], w[i + 1u], j);
-    let xi = xb + 8u * b + j;
-    let s = dot4I8Packed(v.x, xq[xi]) + dot4I8Packed(v.y, xq[xi + 4u]);
-    let ds = xds(xb, b);
-    return dm.x * ds.x * f32(s) + 0.25 * dm.y * ds.y;
+    let v = q5_block(vec4<u32>(w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u]), w[i + 1u], 0u);
+    let xw = xb + 8u * b;
+    let s = dot16(v[0], x_words4(xw)) + dot16(v[1], x_words4(xw + 4u));
+    let ds = x_block_ds(xb, b);
+    return dm.x * ds.x * f32(s) + dm.y * ds.y;
 }
 
 // @@ q8_0
@@ -159,14 +159,13 @@ fn mv_q8_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
 // x word i of a row holds the weights 4i.. of that row, as x4[i] does for matvec.wgsl's units.
 
 // @@ q4k q5k
-// A Q4_K / Q5_K unit's sum from its integer dot products with the low group's x block (lo,
-// block 8b + 2k) and the high group's (hi, 8b + 2k + 1); the min term meets a quarter of each
-// block's s (the unit holds 8 of its 32 weights).
-fn k_unit_q8(sc: KScales, lo: i32, hi: i32, xb: u32, xblk: u32) -> f32 {
-    let dl = xds(xb, xblk);
-    let dh = xds(xb, xblk + 1u);
+// A Q4_K / Q5_K chunk's sum from its integer dot products with the low group's x block (lo,
+// block xblk) and the high group's (hi, xblk + 1); the mins meet each block's s.
+fn k_chunk_q8(sc: KScales, lo: i32, hi: i32, xb: u32, xblk: u32) -> f32 {
+    let dl = x_block_ds(xb, xblk);
+    let dh = x_block_ds(xb, xblk + 1u);
     let dot_q = sc.lo.x * dl.x * f32(lo) + sc.hi.x * dh.x * f32(hi);
-    let dot_m = 0.25 * (sc.lo.y * dl.y + sc.hi.y * dh.y);
+    let dot_m = sc.lo.y * dl.y + sc.hi.y * dh.y;
     return sc.dd.x * dot_q - sc.dd.y * dot_m;
 }
 
@@ -187,51 +186,98 @@ fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let sh = vec4<u32>(4u);
     let lo = dot16(qa & m, x_words4(xw)) + dot16(qb & m, x_words4(xw + 4u));
     let hi = dot16((qa >> sh) & m, x_words4(xw + 8u)) + dot16((qb >> sh) & m, x_words4(xw + 12u));
-    let sc = k_scales(i, k);
-    let dl = x_block_ds(xb, 8u * b + 2u * k);
-    let dh = x_block_ds(xb, 8u * b + 2u * k + 1u);
-    let dot_q = sc.lo.x * dl.x * f32(lo) + sc.hi.x * dh.x * f32(hi);
-    let dot_m = sc.lo.y * dl.y + sc.hi.y * dh.y;
-    return sc.dd.x * dot_q - sc.dd.y * dot_m;
+    return k_chunk_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
 }
 
-// @@ q4k
+// @@ q4_0 q4_1 q5_0 q5_1 q4k q5k q6k
 // The integer dot product of 16 byte pairs (four words each).
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
 // @@ q5k
-// Q5_K unit as mv_q4k_q8, with the fifth bits (q5k_bytes).
+// Q5_K unit = chunk k of 64 weights, as Q4_K's: quant words m = 0..8 of the chunk with the fifth
+// bits from qh word m (bit 2k for the low group, 2k + 1 for the high); 26 loads per chunk
+// instead of about 60 for four 16-weight units.
 fn mv_q5k_q8(rb: u32, u: u32, xb: u32) -> f32 {
-    let b = u >> 4u;
-    let j = u & 15u;
-    let k = j >> 2u;
+    let b = u >> 2u;
+    let k = u & 3u;
     let i = (rb + b * 176u) >> 2u;
-    let v = q5k_bytes(i, j);
-    let xw = xb + 64u * b + 16u * k + 2u * (j & 3u);
-    let lo = dot4I8Packed(v.x, xq[xw]) + dot4I8Packed(v.y, xq[xw + 1u]);
-    let hi = dot4I8Packed(v.z, xq[xw + 8u]) + dot4I8Packed(v.w, xq[xw + 9u]);
-    return k_unit_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
+    let qi = i + 12u + 8u * k;
+    let qa = vec4<u32>(w[qi], w[qi + 1u], w[qi + 2u], w[qi + 3u]);
+    let qb = vec4<u32>(w[qi + 4u], w[qi + 5u], w[qi + 6u], w[qi + 7u]);
+    let s2k = vec4<u32>(2u * k);
+    let ha = vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]) >> s2k;
+    let hb = vec4<u32>(w[i + 8u], w[i + 9u], w[i + 10u], w[i + 11u]) >> s2k;
+    let m4 = vec4<u32>(0x0F0F0F0Fu);
+    let b0 = vec4<u32>(0x01010101u);
+    let b1 = vec4<u32>(0x02020202u);
+    let sh4 = vec4<u32>(4u);
+    let sh3 = vec4<u32>(3u);
+    let xw = xb + 64u * b + 16u * k;
+    let lo = dot16((qa & m4) | ((ha & b0) << sh4), x_words4(xw)) + dot16((qb & m4) | ((hb & b0) << sh4), x_words4(xw + 4u));
+    let hi = dot16(((qa >> sh4) & m4) | ((ha & b1) << sh3), x_words4(xw + 8u))
+        + dot16(((qb >> sh4) & m4) | ((hb & b1) << sh3), x_words4(xw + 12u));
+    return k_chunk_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
 }
 
 // @@ q6k
-// Q6_K unit (b, j) as mv_q6k: run i lies in x block 8b + 4n + i (x words xw + 8i).
+// Q6_K unit = chunk u of 64 weights of super-block b = u / 4 (`matvec_units`: cols / 64 per
+// row): half n = (u / 2) % 2, l = 16h .. 16h + 16 for h = u % 2, so its four runs i (weights
+// 128n + 32i + l) take q6k_unit's words for m = 4h .. 4h + 4 as runs of four words (ql, ql + 32,
+// qh), the four scales of bytes 8n + 2i + h, and x words xw + 8i (x block 8b + 4n + i): 27 loads
+// per 64 weights instead of about 90 for four 16-weight units.
 fn mv_q6k_q8(rb: u32, u: u32, xb: u32) -> f32 {
-    let b = u >> 4u;
-    let j = u & 15u;
-    let n = j >> 3u;
-    let m = j & 7u;
+    let b = u >> 2u;
+    let n = (u >> 1u) & 1u;
+    let h = u & 1u;
     let off = rb + b * 210u;
-    let q = q6k_unit(off, n, m);
-    let xw = xb + 64u * b + 32u * n + m;
+    let qa = words4_at(off + 64u * n + 16u * h);
+    let qb = words4_at(off + 64u * n + 32u + 16u * h);
+    let qh = words4_at(off + 128u + 32u * n + 16u * h);
+    let so = off + 192u + 8u * n;
+    let s0 = u32_at(so);
+    let s1 = u32_at(so + 4u);
+    let m4 = vec4<u32>(0x0F0F0F0Fu);
+    let m2 = vec4<u32>(0x03030303u);
+    let c = vec4<u32>(0x20202020u);
+    let v0 = (qa & m4) | ((qh & m2) << vec4<u32>(4u));
+    let v1 = (qb & m4) | (((qh >> vec4<u32>(2u)) & m2) << vec4<u32>(4u));
+    let v2 = ((qa >> vec4<u32>(4u)) & m4) | (((qh >> vec4<u32>(4u)) & m2) << vec4<u32>(4u));
+    let v3 = ((qb >> vec4<u32>(4u)) & m4) | (((qh >> vec4<u32>(6u)) & m2) << vec4<u32>(4u));
+    let sh = 8u * h;
+    let sc = vec4<f32>(
+        f32(i8_of((s0 >> sh) & 0xFFu)),
+        f32(i8_of((s0 >> (sh + 16u)) & 0xFFu)),
+        f32(i8_of((s1 >> sh) & 0xFFu)),
+        f32(i8_of((s1 >> (sh + 16u)) & 0xFFu)),
+    );
+    let xw = xb + 64u * b + 32u * n + 4u * h;
     let xd = 8u * b + 4u * n;
     let a = vec4<f32>(
-        xds(xb, xd).x * f32(dot4I8Packed(bytes_minus(q.v.x, 0x20202020u), xq[xw])),
-        xds(xb, xd + 1u).x * f32(dot4I8Packed(bytes_minus(q.v.y, 0x20202020u), xq[xw + 8u])),
-        xds(xb, xd + 2u).x * f32(dot4I8Packed(bytes_minus(q.v.z, 0x20202020u), xq[xw + 16u])),
-        xds(xb, xd + 3u).x * f32(dot4I8Packed(bytes_minus(q.v.w, 0x20202020u), xq[xw + 24u])),
+        x_block_ds(xb, xd).x * f32(dot16(bytes_minus4(v0, c), x_words4(xw))),
+        x_block_ds(xb, xd + 1u).x * f32(dot16(bytes_minus4(v1, c), x_words4(xw + 8u))),
+        x_block_ds(xb, xd + 2u).x * f32(dot16(bytes_minus4(v2, c), x_words4(xw + 16u))),
+        x_block_ds(xb, xd + 3u).x * f32(dot16(bytes_minus4(v3, c), x_words4(xw + 24u))),
     );
-    return f16_at(off + 208u) * dot(q.sc, a);
+    return f16_at(off + 208u) * dot(sc, a);
+}
+
+// @@ q5_0 q6k
+// The four words at byte o (even): four loads where o is a word boundary, else five shifted
+// by half a word (branch-free: neighbouring invocations take blocks of either alignment).
+fn words4_at(o: u32) -> vec4<u32> {
+    let i = o >> 2u;
+    let a = vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+    let next = vec4<u32>(a.y, a.z, a.w, w[i + 4u]);
+    return select(a, (a >> vec4<u32>(16u)) | (next << vec4<u32>(16u)), vec4<bool>((o & 2u) != 0u));
+}
+
+// @@ q4_0 q6k
+// The bytes of v minus m's (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7
+// set first keeps the subtraction from borrowing across bytes, the XOR clears it again.
+fn bytes_minus4(v: vec4<u32>, m: vec4<u32>) -> vec4<u32> {
+    let top = vec4<u32>(0x80808080u);
+    return ((v | top) - m) ^ top;
 }
 // @@ end

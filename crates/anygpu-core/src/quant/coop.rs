@@ -26,11 +26,14 @@
 //!
 //! # Speed (H100, n = 512; `coop_prefill_speed`, BENCHMARKS.md)
 //!
-//! 85-130 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (x rounded to f16
-//! first, W runs loaded before the products where the type allows: see the WGSL header), 6-28
-//! on SmolLM2's 576-wide ones, which fill a fraction of the GPU; ~10-12 for the tiled f32
-//! kernel. `ANYGPU_COOP_XF32=1` and `ANYGPU_COOP_WLATE=1` (read once) bring back the f32 x runs
-//! and the late W loads, for comparisons.
+//! 85-145 TFLOP/s on the 4096-wide shapes of 1B-8B models with BX = 128 (x rounded to f16
+//! first, W runs loaded before the products where the type allows, whole tiles stored straight
+//! from the accumulators: see the WGSL header), 6-28 on SmolLM2's 576-wide ones, which fill a
+//! fraction of the GPU; ~10-12 for the tiled f32 kernel. `ANYGPU_COOP_XF32=1`,
+//! `ANYGPU_COOP_WLATE=1` and `ANYGPU_COOP_DIRECT=0` (read once) bring back the f32 x runs, the
+//! late W loads and the drain of every tile through workgroup memory, for comparisons. Bigger
+//! (W 256 rows, 64 x 64 per subgroup) and smaller (128 invocations) workgroup tiles lost by
+//! 1.4-2x (BENCHMARKS.md, tenth session).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;

@@ -343,12 +343,31 @@ fn bench() {
         }
         dev.sync().expect("sync");
         let dt = t1.elapsed().as_secs_f64() / iters as f64;
+        // The kernels alone, timed on the GPU (each dispatch in a pass of its own, so a few µs of
+        // pass overhead each): the loop above is bound by the host for decode shapes.
+        let kernels = dev
+            .gpu()
+            .expect("a GPU device")
+            .profile_dispatches(|| {
+                (0..iters).try_for_each(|_| gpu_attention_tuned(&q, &k, &v, &c.opts(), tuning).map(drop))
+            })
+            .expect("profile")
+            .1
+            .map_or("(no timestamps)".to_string(), |ops| {
+                let per: Vec<String> =
+                    ops.iter().map(|(op, n, s)| format!("{op} {:.1} us", s * 1e6 / (*n).max(1) as f64)).collect();
+                format!(
+                    "kernels {:.1} us/call ({})",
+                    ops.iter().map(|o| o.2).sum::<f64>() * 1e6 / iters as f64,
+                    per.join(", ")
+                )
+            });
         let pairs: usize =
             (0..c.tq).map(|i| if c.causal { (i + 1 + c.tk).saturating_sub(c.tq).min(c.tk) } else { c.tk }).sum();
         let flops = 4.0 * (c.b * c.hq * c.d * pairs) as f64;
         let bytes = (c.b * c.hkv * c.tk * c.d * 2 * if matches!(layout, Layout::F16Kv) { 2 } else { 4 }) as f64;
         eprintln!(
-            "{} {layout:?} {tuning:?}: first {:.1} ms, {:.3} ms/iter, {:.2} TFLOP/s, KV {:.0} GB/s",
+            "{} {layout:?} {tuning:?}: first {:.1} ms, {:.3} ms/iter, {:.2} TFLOP/s, KV {:.0} GB/s; {kernels}",
             c.name(),
             warm.as_secs_f64() * 1e3,
             dt * 1e3,

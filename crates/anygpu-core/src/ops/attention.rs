@@ -677,7 +677,8 @@ struct Params {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct CombineParams {
-    n: u32,
+    /// Output rows (B * Hq * Tq): one workgroup each.
+    rows: u32,
     d: u32,
     n_splits: u32,
     /// The partials' layout offset.
@@ -736,8 +737,9 @@ impl AttentionPartials {
         if n_out == 0 {
             return Ok(out);
         }
+        let rows = self.shape[0] * self.shape[1] * self.shape[2];
         let cparams = CombineParams {
-            n: u(n_out)?,
+            rows: u(rows)?,
             d: u(self.shape[3])?,
             n_splits: u(self.n_splits)?,
             off: u(self.part.layout().offset)?,
@@ -755,7 +757,7 @@ impl AttentionPartials {
             "attention_combine",
             bytemuck::bytes_of(&cparams),
             &[Bind::Whole(buf(&self.part)?), Bind::Whole(buf(&out)?)],
-            ctx.grid_1d(u(n_out.div_ceil(256))?),
+            ctx.grid_1d(u(rows)?),
         )?;
         Ok(out)
     }

@@ -170,6 +170,27 @@ fn strided_views_and_f16_kv() {
     });
 }
 
+/// A decode step reads its keys from a view of a KV cache longer than them: the key splits are
+/// planned for the cache's capacity (so that a recorded step replays at every position), and
+/// the merge reads only those that can hold keys. Capacities of 512 with 1, 33 and 70 keys,
+/// both merges (the combine pass, and the output projection's prologue is checked in
+/// parity_qmatmul), against the CPU.
+#[test]
+fn keys_in_a_longer_cache() {
+    let _serial = serial();
+    for tk in [1usize, 33, 70] {
+        for d in [64usize, 128] {
+            let name = format!("attention Tq 1 Tk {tk} of 512 cached, D {d}");
+            parity(&name, 2e-5, 2e-4, |dev| {
+                let q = t(7, &[1, 8, 1, d], dev);
+                let k = t(8, &[1, 2, 512, d], dev).narrow(2, 0, tk)?;
+                let v = t(9, &[1, 2, 512, d], dev).narrow(2, 0, tk)?;
+                q.attention(&k, &v, &AttentionOpts::new(d, false))?.to_vec_f32()
+            });
+        }
+    }
+}
+
 #[test]
 fn forced_splits_and_tiles() {
     let _serial = serial();

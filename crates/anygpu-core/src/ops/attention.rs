@@ -685,7 +685,9 @@ struct CombineParams {
     off: u32,
     tq: u32,
     hq: u32,
-    _pad: [u32; 2],
+    /// Tk and keys per split: only the first ceil(Tk / split_len) splits are read.
+    keys: u32,
+    split_len: u32,
     /// The output's strides (b, h, t, d).
     os: [u32; 4],
 }
@@ -712,6 +714,11 @@ pub struct AttentionPartials {
     /// The attention output's shape [B, Hq, Tq, D].
     pub(crate) shape: [usize; 4],
     pub(crate) n_splits: usize,
+    /// Keys the attention saw (Tk) and keys per split: the merges read only the splits that
+    /// can hold keys (a decode step's grid is planned for the cache's whole capacity, and Tk
+    /// moves with the position, so a replay patches it).
+    pub(crate) keys: usize,
+    pub(crate) split_len: usize,
 }
 
 impl AttentionPartials {
@@ -745,7 +752,8 @@ impl AttentionPartials {
             off: u(self.part.layout().offset)?,
             tq: u(self.shape[2])?,
             hq: u(self.shape[1])?,
-            _pad: [0; 2],
+            keys: u(self.keys)?,
+            split_len: u(self.split_len.max(1))?,
             os: out_strides(&out)?,
         };
         let combine = ctx.pipeline(
@@ -865,7 +873,8 @@ impl Plan {
         let rows = s.b * s.hq * s.tq;
         let part = Tensor::gpu_empty(vec![rows, self.splits, s.d + 2], DType::F32, q.device())?;
         self.dispatch(q, k, v, &part)?;
-        Ok(AttentionPartials { part, shape: [s.b, s.hq, s.tq, s.d], n_splits: self.splits })
+        let split_len = self.params.split_len as usize;
+        Ok(AttentionPartials { part, shape: [s.b, s.hq, s.tq, s.d], n_splits: self.splits, keys: s.tk, split_len })
     }
 }
 

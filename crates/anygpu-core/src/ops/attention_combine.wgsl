@@ -18,8 +18,8 @@ struct Params {
     off: u32, // the partials' first element
     tq: u32,
     hq: u32,
-    _p0: u32,
-    _p1: u32,
+    keys: u32,      // Tk: splits past the first ceil(keys / split_len) hold no keys
+    split_len: u32,
     os: vec4<u32>, // the output's strides (b, h, t, d); d is 1
 }
 
@@ -56,13 +56,17 @@ fn attention_combine(
     }
     let stride = p.d + 2u;
     let base = p.off + row * p.n_splits * stride;
+    // Only the splits that can hold keys: a decode step's grid has the splits of the cache's
+    // capacity, most of them empty early on (an empty split holds (-1e30, 0, 0): reading it
+    // changes nothing).
+    let live = min(p.n_splits, (p.keys + p.split_len - 1u) / p.split_len);
     var m = -1.0e30;
-    for (var s = lid; s < p.n_splits; s += 256u) {
+    for (var s = lid; s < live; s += 256u) {
         m = max(m, part[base + s * stride]);
     }
     let mx = reduce(m, lid, true);
     var l = 0.0;
-    for (var s = lid; s < p.n_splits; s += 256u) {
+    for (var s = lid; s < live; s += 256u) {
         let b = base + s * stride;
         l += exp2(part[b] - mx) * part[b + 1u];
     }
@@ -80,7 +84,7 @@ fn attention_combine(
         let c = cb + c0;
         var o = 0.0;
         if (g < groups && c < p.d) {
-            for (var s = g; s < p.n_splits; s += groups) {
+            for (var s = g; s < live; s += groups) {
                 let b = base + s * stride;
                 o += exp2(part[b] - mx) * part[b + 2u + c];
             }

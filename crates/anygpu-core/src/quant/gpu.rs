@@ -537,19 +537,20 @@ impl Prologue<'_> {
 }
 
 /// The params words the combine prologue adds after [`MatvecParams`] (PARAMS_EXT in
-/// matvec.wgsl; never together with the rope epilogue's). None moves with the position.
+/// matvec.wgsl; never together with the rope epilogue's). `keys` moves with the position.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct CombineParams {
     tq: u32,
     off: u32,
-    _pad: [u32; 2],
+    keys: u32,
+    split_len: u32,
 }
 
 const COMBINE_PARAMS_WGSL: &str = "    c_tq: u32,     // Tq of the attention: x row b * Tq + i
     c_off: u32,    // the partials' first element
-    _pc0: u32,
-    _pc1: u32,";
+    c_keys: u32,   // Tk: the splits past ceil(c_keys / c_split_len) hold no keys
+    c_split_len: u32,";
 
 /// The matvec source of `ty` with the combine prologue's functions appended (static per type,
 /// as [`type_source`]).
@@ -1419,7 +1420,12 @@ fn qmatmul_with(
                             ctx.dispatch(&pipeline, OP, &bytes, &binds, grid)?;
                         }
                         (None, Some(pa)) => {
-                            let c = CombineParams { tq: u(pa.shape[2])?, off: u(x_delta as usize / 4)?, _pad: [0; 2] };
+                            let c = CombineParams {
+                                tq: u(pa.shape[2])?,
+                                off: u(x_delta as usize / 4)?,
+                                keys: u(pa.keys)?,
+                                split_len: u(pa.split_len.max(1))?,
+                            };
                             let mut bytes = bytemuck::bytes_of(&params).to_vec();
                             bytes.extend_from_slice(bytemuck::bytes_of(&c));
                             ctx.dispatch(&pipeline, OP, &bytes, &binds, grid)?;

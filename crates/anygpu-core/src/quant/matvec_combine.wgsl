@@ -16,6 +16,12 @@
 // splits, CTPH = 256 / (the next power of two >= CH) invocations per head in phase 1; the host
 // declares `part` and the workgroup arrays (x4 or x1, and cw: array<f32, CH * CS>).
 
+// The splits that can hold keys: the first ceil(Tk / split_len) (a decode step's grid has the
+// splits of the cache's capacity, most of them empty early on; the replay patches c_keys).
+fn comb_live() -> u32 {
+    return min(CS, (p.c_keys + p.c_split_len - 1u) / p.c_split_len);
+}
+
 // Index of (row, split 0, m) for head h of x row xr.
 fn comb_base(xr: u32, h: u32) -> u32 {
     let b = xr / p.c_tq;
@@ -31,9 +37,10 @@ fn comb_weights(xr: u32, lid: u32) {
     let j = lid % CTPH;
     let live = h < CH;
     let base = comb_base(xr, min(h, CH - 1u));
+    let ns = comb_live();
     var mx = -1.0e30;
     if (live) {
-        for (var s = j; s < CS; s += CTPH) {
+        for (var s = j; s < ns; s += CTPH) {
             mx = max(mx, part[base + s * (CD + 2u)]);
         }
     }
@@ -52,7 +59,7 @@ fn comb_weights(xr: u32, lid: u32) {
     workgroupBarrier();
     var total = 0.0;
     if (live) {
-        for (var s = j; s < CS; s += CTPH) {
+        for (var s = j; s < ns; s += CTPH) {
             let b = base + s * (CD + 2u);
             let wt = exp2(part[b] - m);
             cw[h * CS + s] = wt;
@@ -71,21 +78,22 @@ fn comb_weights(xr: u32, lid: u32) {
     let inv = select(0.0, 1.0 / sum, sum > 0.0);
     if (live) {
         // The same invocation wrote these weights: no barrier needed before the rescale.
-        for (var s = j; s < CS; s += CTPH) {
+        for (var s = j; s < ns; s += CTPH) {
             cw[h * CS + s] *= inv;
         }
     }
     workgroupBarrier();
 }
 
-// Phase 2: elements 4i .. 4i + 3 of x row xr (one head), the weighted sum of the splits' acc.
-// CS is a constant, so the driver can unroll the loop and keep several loads in flight.
+// Phase 2: elements 4i .. 4i + 3 of x row xr (one head), the weighted sum of the live splits'
+// acc.
 fn comb_x4(xr: u32, i: u32) -> vec4<f32> {
     let e = 4u * i;
     let h = e / CD;
     let b0 = comb_base(xr, h) + 2u + (e - h * CD);
+    let ns = comb_live();
     var o = vec4<f32>(0.0);
-    for (var s = 0u; s < CS; s++) {
+    for (var s = 0u; s < ns; s++) {
         let b = b0 + s * (CD + 2u);
         o += cw[h * CS + s] * vec4<f32>(part[b], part[b + 1u], part[b + 2u], part[b + 3u]);
     }

@@ -702,8 +702,9 @@ pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -
 /// The first pass of a split attention (flash-decoding), not yet merged: per output row
 /// (b, h, i) of [B, Hq, Tq, D], in that order (not the output's storage order), and per key split s, the D + 2 floats
 /// (m, l, acc[D]): m the split's row max of the scaled scores (log2 domain), l its sum of
-/// exp2(score - m), acc its unnormalised weighted sum of V. Splits that saw no key hold
-/// (-1e30, 0, zeros). The output row is
+/// exp2(score - m), acc its unnormalised weighted sum of V. Splits whose keys a row may not see
+/// hold (-1e30, 0, zeros); splits past the last key (Tk, `keys`) are not written at all, and
+/// the merges read only the first ceil(Tk / `split_len`). The output row is
 ///   sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s  (M = max_s m_s; zeros when l sums to 0),
 /// which [`AttentionPartials::combine`] computes (attention_combine.wgsl) and the quantized
 /// matvec's combine prologue computes in workgroup memory (`QTensor::qmatmul_add_combined`:
@@ -802,7 +803,8 @@ fn plan(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts, tuning: Attent
     // The key-range split is planned for the keys' allocated length (a KV cache view
     // [B, Hkv, len, D] of [.., capacity, D] has strides[1] / strides[2] == capacity), not
     // for `tk`: the grid then stays the same while the cache fills, so a recorded decode step
-    // replays at every position (splits past `tk` find no keys and write empty partials).
+    // replays at every position (splits past `tk` return at once and write nothing: the merges
+    // read only the first ceil(tk / split_len) splits).
     let capacity = {
         let st = &k.layout().strides;
         if st[2] > 0 && st[1].is_multiple_of(st[2]) && st[1] / st[2] >= s.tk && st[1] == v.layout().strides[1] {

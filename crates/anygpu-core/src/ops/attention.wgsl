@@ -224,6 +224,12 @@ fn attention(
 
     // This workgroup's keys: its split, cut at the last key any of its rows may see.
     let kv_lo = split * p.split_len;
+    // A split past the last key holds nothing, and neither merge reads it (they stop at
+    // ceil(Tk / split_len)): a decode step's grid covers the cache's whole capacity, most of it
+    // unwritten early on.
+    if (p.n_splits > 1u && kv_lo >= p.tk) {
+        return;
+    }
     var kv_hi = min(p.tk, kv_lo + p.split_len);
     if (p.causal != 0u) {
         var imax = row_last % p.tq;

@@ -57,8 +57,7 @@ fn attention_combine(
     let stride = p.d + 2u;
     let base = p.off + row * p.n_splits * stride;
     // Only the splits that can hold keys: a decode step's grid has the splits of the cache's
-    // capacity, most of them empty early on (an empty split holds (-1e30, 0, 0): reading it
-    // changes nothing).
+    // capacity, and those past the last key are not written (attention.wgsl returns at once).
     let live = min(p.n_splits, (p.keys + p.split_len - 1u) / p.split_len);
     var m = -1.0e30;
     for (var s = lid; s < live; s += 256u) {

@@ -8,7 +8,8 @@
 // The partials are bound at binding 2 as `part`: per attention output row (b, h, i) of
 // [B, H, Tq, D] and per key split s, the D + 2 floats (m, l, acc[D]) at
 // p.c_off + (row * CS + s) * (CD + 2), with m the split's row max (log2 domain), l its sum of
-// exp2(score - m) and acc its unnormalised weighted sum of V; empty splits hold (-1e30, 0, 0).
+// exp2(score - m) and acc its unnormalised weighted sum of V; splits a row may not see hold
+// (-1e30, 0, 0), those past the last key are not written (and not read: comb_live).
 // x row xr (token b * Tq + i) has H * D elements: element h * D + c is column c of output row
 // (b, h, i), as attention_combine.wgsl would write it:
 //   x = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s,  M = max_s m_s (0 where l sums to 0).

@@ -358,23 +358,22 @@ impl Plan {
             .constant_u32("ADD", self.add as u32);
         // The residual's binding exists only where it is bound; `add16(i)` is its 16 x 16 block
         // from element i (rows p.out_stride apart) as an accumulator (the direct drain's start).
-        spec.with(match (self.add, emulated) {
-            (false, false) => {
-                "fn resid_at(i: u32) -> f32 { return 0.0; }\n\
-                 fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }"
-            }
-            (false, true) => "fn resid_at(i: u32) -> f32 { return 0.0; }\nfn add16(i: u32) -> EmuC { return EmuC(); }",
+        let resid = if self.add {
+            "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
+             fn resid_at(i: u32) -> f32 { return resid[i]; }"
+        } else {
+            "fn resid_at(i: u32) -> f32 { return 0.0; }"
+        };
+        spec.with(resid).with(match (self.add, emulated) {
+            (false, false) => "fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }",
+            (false, true) => "fn add16(i: u32) -> EmuC { return EmuC(); }",
             (true, false) => {
-                "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
-                 fn resid_at(i: u32) -> f32 { return resid[i]; }\n\
-                 fn add16(i: u32) -> coop_mat16x16<f32, C> {\n\
+                "fn add16(i: u32) -> coop_mat16x16<f32, C> {\n\
                      let stride = p.out_stride;\n\
                      return coopLoadT<coop_mat16x16<f32, C>>(&resid[i], stride);\n}"
             }
             (true, true) => {
-                "@group(0) @binding(4) var<storage, read> resid: array<f32>;\n\
-                 fn resid_at(i: u32) -> f32 { return resid[i]; }\n\
-                 fn add16(i: u32) -> EmuC {\n\
+                "fn add16(i: u32) -> EmuC {\n\
                      var m: EmuC;\n\
                      let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;\n\
                      for (var j = 0u; j < 8u; j++) { m.v[j] = resid[at + j]; }\n\

@@ -50,7 +50,7 @@
 //! Q6_K take x rounded to 8-bit blocks in that dispatch and use integer dot products
 //! (matvec_q8.wgsl, `x_q8`): their f32 x loads (two vec4 per unit, eight cache lines per warp
 //! load) had cost more than their weight loads. Their units are then whole blocks, or 64-weight
-//! chunks of the k-quants (Q4_0: 9 loads per 32 weights instead of about 30; H100, 8B Q4_0
+//! chunks of the k-quants (Q4_0: 8 loads per 32 weights instead of about 30; H100, 8B Q4_0
 //! decode step 3.98 -> 3.28 ms of GPU time).
 //! `QBENCH_ROTATE=4` makes the bench take copies of W in turn, and its `kernels` column times
 //! the dispatches on the GPU.
@@ -849,16 +849,10 @@ pub(crate) fn qmatvec_fused(
         return Ok(None);
     }
     // Workgroups of the product per x row (see qmatmul_with): the prologues' rules judge by it.
-    let layout = MatvecLayout::new(
-        "qmatmul",
-        w.ggml_type(),
-        w.rows(),
-        w.cols(),
-        false,
-        epi,
-        pro.staging(),
-        opts.threads_per_row,
-    )?;
+    // (Judged with f32 x's units: the prologues read f32 x.)
+    let units = matvec_units(w.ggml_type(), w.cols(), false);
+    let layout =
+        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, pro.staging(), opts.threads_per_row)?;
     let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if let Prologue::Combine(pa) = pro {
         if !combine_fits(w, pa, &ctx, epi, &opts, groups) {
@@ -1270,7 +1264,7 @@ fn qmatmul_with(
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
-    let layout = MatvecLayout::new(OP, ty, rows, cols, q8, epi, pro.staging(), opts.threads_per_row)?;
+    let layout = MatvecLayout::new(OP, ty, rows, matvec_units(ty, cols, q8), epi, pro.staging(), opts.threads_per_row)?;
     let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
@@ -1396,7 +1390,7 @@ fn qmatmul_with(
                         cols: u(cols)?,
                         row_bytes: u(w.row_bytes())?,
                         w_off: s.w_off,
-                        units: u(matvec_units(ty, cols, q8))?,
+                        units: u(layout.units)?,
                         x_off,
                         // Q8 x: a row is cols / 4 words of bytes (then the scales, at xd_off).
                         x_stride: u(if q8 { cols / 4 } else { cols * 4 / x_unit })?,

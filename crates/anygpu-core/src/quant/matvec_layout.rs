@@ -76,24 +76,24 @@ fn tpr_env() -> Option<usize> {
     *V.get_or_init(|| std::env::var("ANYGPU_MATVEC_TPR").ok().and_then(|v| v.parse().ok()))
 }
 
-/// How the matvec lays out W's rows: `tpr` invocations per row (`opts.threads_per_row` when
-/// forced, else [`threads_per_row`]; at most half a workgroup when the epilogue pairs rows) and
-/// the output rows per workgroup (the kernel's RPW = 256 / tpr row slots, two per output row
-/// when paired).
+/// How the matvec lays out W's rows: `units` work units per row ([`matvec_units`]), `tpr`
+/// invocations per row (`opts.threads_per_row` when forced, else [`threads_per_row`]; at most
+/// half a workgroup when the epilogue pairs rows) and the output rows per workgroup (the
+/// kernel's RPW = 256 / tpr row slots, two per output row when paired).
 #[derive(Clone, Copy)]
 pub(super) struct MatvecLayout {
+    pub units: usize,
     pub tpr: usize,
     pub out_rows_per_group: usize,
 }
 
 impl MatvecLayout {
-    #[allow(clippy::too_many_arguments)]
+    /// The layout of a product of `ty` with `units` work units per row.
     pub fn new(
         op: &'static str,
         ty: GgmlType,
         rows: usize,
-        cols: usize,
-        q8: bool,
+        units: usize,
         epi: Epilogue<'_>,
         staging: Staging,
         forced: Option<usize>,
@@ -101,13 +101,13 @@ impl MatvecLayout {
         let tpr = match forced.or_else(tpr_env) {
             Some(t) if t.is_power_of_two() && t <= WG => t,
             Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-            None => threads_per_row(matvec_units(ty, cols, q8), rows, min_groups(ty, staging)),
+            None => threads_per_row(units, rows, min_groups(ty, staging)),
         };
         Ok(if epi.paired() {
             let tpr = tpr.min(WG / 2);
-            MatvecLayout { tpr, out_rows_per_group: WG / tpr / 2 }
+            MatvecLayout { units, tpr, out_rows_per_group: WG / tpr / 2 }
         } else {
-            MatvecLayout { tpr, out_rows_per_group: WG / tpr }
+            MatvecLayout { units, tpr, out_rows_per_group: WG / tpr }
         })
     }
 

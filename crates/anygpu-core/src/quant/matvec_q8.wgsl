@@ -12,7 +12,7 @@
 // types, a chunk of 64 weights of the k-quants, whose words are read with as few loads as their
 // alignment allows (x's as 16-byte loads). A warp's loads were the bound: about 30 per Q4_0
 // block for four word units (two per misaligned word, the scale's, two x words and two for the
-// scale pair each), 9 now. H100, 8B Q4_0 decode, rotating copies of W so that they come from
+// scale pair each), 8 now. H100, 8B Q4_0 decode, rotating copies of W so that they come from
 // DRAM, GPU µs per product: [28672, 4096] 50.7 -> 43.2, [4096, 14336] 33.8 -> 26.3, [4096, 4096]
 // 18.0 -> 15.2; the decode step 3.98 -> 3.28 ms (BENCHMARKS.md, tenth session).
 //
@@ -21,42 +21,35 @@
 // at `x_block_ds`. Sections per type, as in matvec.wgsl.
 
 // @@ q4_0
-// Q4_0 unit = a whole block b (`matvec_units`: cols / 32 per row), unlike the other types'
+// Q4_0 unit = a whole block b (`matvec_units`: cols / 32 per row), unlike the f32-x kernel's
 // quant-word units: its 18 bytes come from the five words that hold them (the scale and the four
-// quant words shifted out of them where the block starts mid-word; blocks start on even bytes)
-// and x's 32 bytes as two 16-byte loads, so 9 loads per 32 weights instead of about 30 for four
-// word units (two per misaligned word, the scale's, two x words and the scale pair each). On an
-// H100 the word units read W at about half the rate the F16 matvec does (per byte of weights).
+// quant words shifted out of them where the block starts on a word, its quant words then
+// mid-word; blocks start on even bytes), x's 32 bytes as two 16-byte loads and the (d, s) pair
+// as one: 8 loads per 32 weights instead of about 30 for four word units (two per misaligned
+// word, the scale's, two x words and the scale pair each). On an H100 the word units read W at
+// about half the rate the F16 matvec does (per byte of weights). Not words4_at + f16_at: that
+// loads a sixth word for half the blocks (H100, 8B Q4_0 decode step 3.285 -> 3.343 ms).
 fn mv_q4_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let off = rb + b * 18u;
     let i = off >> 2u;
     let w0 = w[i];
-    let w1 = w[i + 1u];
-    let w2 = w[i + 2u];
-    let w3 = w[i + 3u];
-    let w4 = w[i + 4u];
-    // The block starts at byte 0 or 2 of w0: its scale is w0's low or high half, its quant
-    // words start 2 bytes on.
-    let mid = (off & 2u) == 0u;
-    let d = unpack2x16float(select(w0 >> 16u, w0, mid)).x;
-    let q = vec4<u32>(
-        select(w1, (w0 >> 16u) | (w1 << 16u), mid),
-        select(w2, (w1 >> 16u) | (w2 << 16u), mid),
-        select(w3, (w2 >> 16u) | (w3 << 16u), mid),
-        select(w4, (w3 >> 16u) | (w4 << 16u), mid),
-    );
+    let a = vec4<u32>(w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u]);
+    let at_word = (off & 2u) == 0u;
+    let d = unpack2x16float(select(w0 >> 16u, w0, at_word)).x;
+    let prev = vec4<u32>(w0, a.x, a.y, a.z);
+    let q = select(a, (prev >> vec4<u32>(16u)) | (a << vec4<u32>(16u)), vec4<bool>(at_word));
     let xw = xb + 8u * b;
-    let lo = x_words4(xw);
-    let hi = x_words4(xw + 4u);
     let m = vec4<u32>(0x0F0F0F0Fu);
     let c = vec4<u32>(0x08080808u);
-    let s = dot16(bytes_minus4(q & m, c), lo) + dot16(bytes_minus4((q >> vec4<u32>(4u)) & m, c), hi);
+    let s = dot16(bytes_minus4(q & m, c), x_words4(xw)) + dot16(bytes_minus4((q >> vec4<u32>(4u)) & m, c), x_words4(xw + 4u));
     return d * x_block_ds(xb, b).x * f32(s);
 }
 
 // @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
-// Block b's (d, s) of the x row at word xb, as xds reads it, through the one view of x these
-// kernels may use (see x_words4): both in one 16-byte load (pairs start at even words).
+// Block b's (d, s) of the x row at word xb, through the one view of x these kernels may use
+// (see x_words4): both in one 16-byte load (rows are cols / 4 words of bytes, then cols / 16
+// words of (d, s) pairs from xd_off, so the pairs' row offset is a quarter of the bytes', and
+// pairs start at even words).
 fn x_block_ds(xb: u32, b: u32) -> vec2<f32> {
     let di = p.xd_off + ((xb - p.x_off) >> 2u) + 2u * b;
     let v = xq4[di >> 2u];
@@ -98,11 +91,8 @@ fn q5_block(q: vec4<u32>, qh: u32, bias: u32) -> array<vec4<u32>, 2> {
     let m = vec4<u32>(0x0F0F0F0Fu);
     let hl = vec4<u32>(spread4(qh), spread4(qh >> 4u), spread4(qh >> 8u), spread4(qh >> 12u));
     let hh = vec4<u32>(spread4(qh >> 16u), spread4(qh >> 20u), spread4(qh >> 24u), spread4(qh >> 28u));
-    let top = vec4<u32>(0x80808080u);
     let c = vec4<u32>(bias);
-    let lo = (q & m) | hl;
-    let hi = ((q >> vec4<u32>(4u)) & m) | hh;
-    return array<vec4<u32>, 2>(((lo | top) - c) ^ top, ((hi | top) - c) ^ top);
+    return array<vec4<u32>, 2>(bytes_minus4((q & m) | hl, c), bytes_minus4(((q >> vec4<u32>(4u)) & m) | hh, c));
 }
 
 // @@ q5_0
@@ -129,30 +119,14 @@ fn mv_q5_1_q8(rb: u32, b: u32, xb: u32) -> f32 {
 }
 
 // @@ q8_0
-// Q8_0 unit = a whole block b, as Q4_0's: its 34 bytes from the nine words that hold them (the
-// 32 quant bytes shifted out of them where the block starts mid-word), x's 32 bytes as two
-// 16-byte loads: 12 loads per block instead of about 36 for four word units.
+// Q8_0 unit = a whole block b, as Q4_0's: its 32 quant bytes through words4_at twice and its
+// scale through f16_at (nine or ten word loads), x's 32 bytes as two 16-byte loads and the (d,
+// s) pair as one: 12-13 loads per block instead of about 36 for four word units.
 fn mv_q8_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let off = rb + b * 34u;
-    let i = off >> 2u;
-    let w0 = w[i];
-    let a = vec4<u32>(w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u]);
-    let c = vec4<u32>(w[i + 5u], w[i + 6u], w[i + 7u], w[i + 8u]);
-    let mid = (off & 2u) == 0u;
-    let d = unpack2x16float(select(w0 >> 16u, w0, mid)).x;
-    // Quant words: a, c where the block starts at byte 2 of w0; else each word's high half
-    // joined with the next word's low half.
-    let prev_a = vec4<u32>(w0, a.x, a.y, a.z);
-    let prev_c = vec4<u32>(a.w, c.x, c.y, c.z);
-    let sh = vec4<u32>(16u);
-    let qa = select(a, (prev_a >> sh) | (a << sh), vec4<bool>(mid));
-    let qc = select(c, (prev_c >> sh) | (c << sh), vec4<bool>(mid));
     let xw = xb + 8u * b;
-    let lo = x_words4(xw);
-    let hi = x_words4(xw + 4u);
-    let s = dot4I8Packed(qa.x, lo.x) + dot4I8Packed(qa.y, lo.y) + dot4I8Packed(qa.z, lo.z) + dot4I8Packed(qa.w, lo.w)
-        + dot4I8Packed(qc.x, hi.x) + dot4I8Packed(qc.y, hi.y) + dot4I8Packed(qc.z, hi.z) + dot4I8Packed(qc.w, hi.w);
-    return d * x_block_ds(xb, b).x * f32(s);
+    let s = dot16(words4_at(off + 2u), x_words4(xw)) + dot16(words4_at(off + 18u), x_words4(xw + 4u));
+    return f16_at(off) * x_block_ds(xb, b).x * f32(s);
 }
 
 // ---- k-quants: 32-weight groups of a super-block meet x's 8-bit blocks one to one ----------
@@ -173,7 +147,7 @@ fn k_chunk_q8(sc: KScales, lo: i32, hi: i32, xb: u32, xblk: u32) -> f32 {
 // Q4_K unit = chunk k of 64 weights of super-block b (`matvec_units`: cols / 64 per row), unlike
 // the f32-x kernel's 16-weight units: quant words m = 0..8 of the chunk hold weights 64k + 4m..
 // (low nibbles: group 2k, x words xw + m) and 64k + 32 + 4m.. (high nibbles: group 2k + 1, x
-// words xw + 8 + m); 17 loads per chunk instead of about 50 for four 16-weight units.
+// words xw + 8 + m); 18 loads per chunk instead of about 50 for four 16-weight units.
 fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 2u;
     let k = u & 3u;
@@ -189,7 +163,7 @@ fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     return k_chunk_q8(k_scales(i, k), lo, hi, xb, 8u * b + 2u * k);
 }
 
-// @@ q4_0 q4_1 q5_0 q5_1 q4k q5k q6k
+// @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
 // The integer dot product of 16 byte pairs (four words each).
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
@@ -225,8 +199,8 @@ fn mv_q5k_q8(rb: u32, u: u32, xb: u32) -> f32 {
 // Q6_K unit = chunk u of 64 weights of super-block b = u / 4 (`matvec_units`: cols / 64 per
 // row): half n = (u / 2) % 2, l = 16h .. 16h + 16 for h = u % 2, so its four runs i (weights
 // 128n + 32i + l) take q6k_unit's words for m = 4h .. 4h + 4 as runs of four words (ql, ql + 32,
-// qh), the four scales of bytes 8n + 2i + h, and x words xw + 8i (x block 8b + 4n + i): 27 loads
-// per 64 weights instead of about 90 for four 16-weight units.
+// qh), the four scales of bytes 8n + 2i + h, and x words xw + 8i (x block 8b + 4n + i): about
+// 28 loads per 64 weights instead of about 90 for four 16-weight units.
 fn mv_q6k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let b = u >> 2u;
     let n = (u >> 1u) & 1u;
@@ -263,7 +237,7 @@ fn mv_q6k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     return f16_at(off + 208u) * dot(sc, a);
 }
 
-// @@ q5_0 q6k
+// @@ q5_0 q8_0 q6k
 // The four words at byte o (even): four loads where o is a word boundary, else five shifted
 // by half a word (branch-free: neighbouring invocations take blocks of either alignment).
 fn words4_at(o: u32) -> vec4<u32> {
@@ -273,7 +247,7 @@ fn words4_at(o: u32) -> vec4<u32> {
     return select(a, (a >> vec4<u32>(16u)) | (next << vec4<u32>(16u)), vec4<bool>((o & 2u) != 0u));
 }
 
-// @@ q4_0 q6k
+// @@ q4_0 q5_0 q5_1 q6k
 // The bytes of v minus m's (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7
 // set first keeps the subtraction from borrowing across bytes, the XOR clears it again.
 fn bytes_minus4(v: vec4<u32>, m: vec4<u32>) -> vec4<u32> {

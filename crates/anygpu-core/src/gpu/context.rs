@@ -36,10 +36,11 @@ fn compile_pipeline(
     source: String,
 ) -> std::result::Result<wgpu::ComputePipeline, String> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    dump_kernel(name, entry, &source);
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
+    // SAFETY: the checks left out are the loop bound only, and our kernels' loops all end
+    // (see `runtime_checks`).
+    let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(name),
         layout: None,
@@ -51,6 +52,46 @@ fn compile_pipeline(
     match pollster::block_on(scope.pop()) {
         Some(e) => Err(error_text(&e)),
         None => Ok(pipeline),
+    }
+}
+
+/// The checks wgpu compiles into our kernels: all of them (bounds, integer division) except
+/// the loop bound. naga gives every loop a second, 64-bit counter and exit so that a driver may
+/// not assume it terminates; NVIDIA's compiler then keeps loops it would unroll (fixed-count
+/// loops over a run's 8 elements, a tile's K steps) as loops, with their private arrays in
+/// memory. Without it, on an H100: 8B Q4_0 tg128 301 -> 329 tok/s, pp512 7,000 -> 7,660; 1B F16
+/// tg128 692 -> 736, pp512 35,000 -> 38,500 (BENCHMARKS.md, eleventh session).
+///
+/// Safe because every loop of our kernels ends: each counts up to a bound taken from a buffer's
+/// length or a constant, by a step that cannot wrap below it (buffers stay far under 2^32
+/// elements: wgpu caps a binding at `max_storage_buffer_binding_size`). A kernel with a `loop`
+/// or a `while` whose end depends on data must not be added without bringing the check back.
+/// `ANYGPU_LOOP_BOUNDING=1` (read once) does, for comparisons.
+fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    static BOUNDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let bounded = *BOUNDED.get_or_init(|| std::env::var("ANYGPU_LOOP_BOUNDING").is_ok_and(|v| v == "1"));
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = bounded;
+    checks
+}
+
+/// `ANYGPU_DUMP_KERNELS=DIR`: each kernel's final WGSL (the header and sections as compiled)
+/// written to `DIR/<name>.<entry>.<hash>.wgsl`, for reading and for `tools/kernel-stats`
+/// (which asks the driver for the compiled kernel's register count). A failed write is logged,
+/// never fatal.
+fn dump_kernel(name: &str, entry: &str, source: &str) {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let Some(dir) =
+        DIR.get_or_init(|| std::env::var_os("ANYGPU_DUMP_KERNELS").filter(|d| !d.is_empty()).map(Into::into))
+    else {
+        return;
+    };
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    let file = dir.join(format!("{name}.{entry}.{:08x}.wgsl", h.finish() as u32));
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&file, source)) {
+        log::warn!("ANYGPU_DUMP_KERNELS: could not write {}: {e}", file.display());
     }
 }
 

@@ -277,21 +277,26 @@ fn row_sliced_bindings_match() {
 #[test]
 fn fused_products_match_composition() {
     let _turn = one_at_a_time();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
-        // Odd rows for the float types: the RMSNorm prologue stages them by element.
-        let cols = if ty.block_size() == 256 {
-            256
-        } else if ty.is_quantized() {
-            32 * 3
-        } else {
-            97
-        };
+    // Odd rows for the float types: the RMSNorm prologue stages them by element; rows of a
+    // multiple of 4 take the norm by scaling instead (ScaledNorm), at every row width per
+    // invocation count below.
+    let cases = [
+        (GgmlType::Q4_0, 96),
+        (GgmlType::Q4_1, 96),
+        (GgmlType::Q6K, 256),
+        (GgmlType::F16, 97),
+        (GgmlType::F32, 97),
+        (GgmlType::F16, 100),
+        (GgmlType::F32, 100),
+        (GgmlType::BF16, 100),
+    ];
+    for (ty, cols) in cases {
         let (f, rq, rk) = (13usize, 9usize, 5usize);
         let wg = random_weights(51, ty, f, cols);
         let wu = random_weights(52, ty, f, cols);
         let (bq, bk) = (random_weights(53, ty, rq, cols), random_weights(54, ty, rk, cols));
         let atol = 4.0 * atol_for(ty, &wg, f, cols).max(atol_for(ty, &wu, f, cols)) + 1e-5;
-        parity(&format!("fused {ty}"), atol, 1e-4, |d| {
+        parity(&format!("fused {ty} cols {cols}"), atol, 1e-4, |d| {
             let q = |b: &Vec<u8>, r| QTensor::from_vec(ty, r, cols, b.clone(), &Device::Cpu);
             let gate_up = QTensor::stack_rows(&[&q(&wg, f)?, &q(&wu, f)?], d)?;
             let qk = QTensor::stack_rows(&[&q(&bq, rq)?, &q(&bk, rk)?], d)?;
@@ -307,6 +312,14 @@ fn fused_products_match_composition() {
                 all.extend(gate_up.qmatmul_glu(&x)?.to_vec_f32()?);
                 all.extend(qk.qmatmul_rms(&x, norm)?.to_vec_f32()?);
                 all.extend(gate_up.qmatmul_glu_rms(&x, norm)?.to_vec_f32()?);
+                if !ty.is_quantized() && cols % 4 == 0 {
+                    // The scaled norm's sum of squares over 1 to 64 invocations per row (the
+                    // lanes' shuffles, then the workgroup tree).
+                    for tpr in [1usize, 4, 64] {
+                        let opts = QOptions { threads_per_row: Some(tpr), ..Default::default() };
+                        all.extend(gate_up.qmatmul_glu_opts(&x, Some(norm), opts)?.to_vec_f32()?);
+                    }
+                }
                 if !d.is_cpu() {
                     // GLU over two bindings: the unfused path on the GPU.
                     let limit = 256 + (3 * gate_up.row_bytes()).max(4 * cols.max(2 * f)) as u64;
@@ -526,6 +539,9 @@ fn rope_kv_epilogue_matches_composition() {
         (GgmlType::Q6K, 256, 9, 3, 64, 32, true, true, true),
         (GgmlType::Q4K, 256, 2, 1, 16, 0, true, false, false),
         (GgmlType::F16, 97, 5, 1, 10, 6, true, false, true),
+        // A multiple of 4: the norm by scaling, also on a row wider than the staged one takes.
+        (GgmlType::F16, 96, 5, 1, 10, 6, true, false, true),
+        (GgmlType::F32, NORM_PROLOGUE_MAX_COLS + 64, 3, 1, 8, 0, false, false, false),
         (GgmlType::Q8_0, NORM_PROLOGUE_MAX_COLS + 64, 1, 1, 8, 0, false, false, true),
         // Marked for Q8 math below: the wide row's product rounds x to 8-bit blocks.
         (GgmlType::Q4_0, NORM_PROLOGUE_MAX_COLS + 64, 3, 1, 16, 0, true, false, true),
@@ -588,13 +604,14 @@ fn rope_kv_epilogue_matches_composition() {
                 all.extend(vc.to_vec_f32()?);
 
                 if let (Some(ctx), 1) = (dev.gpu(), t) {
-                    // Decode is one dispatch (two when the row is too wide for the prologue: the
-                    // norm, or the norm and the rounding of x to 8 bits, runs first).
+                    // Decode is one dispatch (two when the row of a quantized matrix is too wide
+                    // for the prologue: the norm, or the norm and the rounding of x to 8 bits,
+                    // runs first; float rows of a multiple of 4 take the norm by scaling).
                     let (mut kc, mut vc) = (cache(94)?, cache(95)?);
                     let kv =
                         RopeKvStore { rope: &opts, heads: (h, hkv, d), start_pos, k_cache: &mut kc, v_cache: &mut vc };
                     let (_, rec) = ctx.record(|| w.qmatmul_rms_rope_kv(&x, norm, bias.as_ref(), kv))?;
-                    let want = if cols > NORM_PROLOGUE_MAX_COLS { 2 } else { 1 };
+                    let want = if cols > NORM_PROLOGUE_MAX_COLS && ty.is_quantized() { 2 } else { 1 };
                     assert_eq!(rec.len(), want, "{name}: dispatches of one decode step on {}", dev.name());
                 }
             }

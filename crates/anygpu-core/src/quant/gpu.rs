@@ -513,6 +513,11 @@ pub(crate) enum Prologue<'a> {
     None,
     /// `rms_norm(x) * weight`, (weight [cols], eps), staged in workgroup memory.
     RmsNorm(&'a Tensor, f32),
+    /// The same norm without staging, for the float types (f32 x read as vec4 from its
+    /// binding): the products take `x * weight` as they read it, and each row's sum is scaled by
+    /// 1 / rms(x) at the end, the sum of squares gathered by the same loads (`qmatvec_fused`
+    /// turns `RmsNorm` into this where it applies; see matvec.wgsl's NORM_SCALE).
+    ScaledNorm(&'a Tensor, f32),
     /// x [B * Tq, H * D] merged in workgroup memory from a split attention's partials, which
     /// are bound in its place (matvec_combine.wgsl). Checked by `qmatvec_fused`: H * D = cols,
     /// D a multiple of 4, H <= 256, at most `MATVEC_MAX_N` x rows in one dispatch.
@@ -524,6 +529,7 @@ impl Prologue<'_> {
         match self {
             Prologue::None => Staging::None,
             Prologue::RmsNorm(..) => Staging::RmsNorm,
+            Prologue::ScaledNorm(..) => Staging::None,
             Prologue::Combine(_) => Staging::Combine,
         }
     }
@@ -531,6 +537,7 @@ impl Prologue<'_> {
         match self {
             Prologue::None => "",
             Prologue::RmsNorm(..) => "_norm",
+            Prologue::ScaledNorm(..) => "_snorm",
             Prologue::Combine(_) => "_comb",
         }
     }
@@ -789,6 +796,52 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     [("X_DECL", decl), ("PROLOGUE", if quantized { PROLOGUE_Q } else { PROLOGUE_F }), ("XB", "0u")]
 }
 
+/// `ANYGPU_STAGED_NORM=1` (read once): the float types' fused RMSNorm staged in workgroup
+/// memory (where it fits) instead of applied by scaling, as before the scaling (for comparisons).
+fn staged_norm_forced() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_STAGED_NORM").is_ok_and(|v| v == "1"))
+}
+
+/// The x side of [`Prologue::ScaledNorm`] (matvec.wgsl's X_DECL, PROLOGUE, XB): x from its
+/// binding, the norm weight as vec4s at `norm_binding`, and `nx4`, which X1_4 wraps around
+/// each vec4 of x: it adds the vec4's squares to this invocation's share of the row's sum of
+/// squares and returns it times the weight.
+fn scaled_norm_x_side(norm_binding: Option<u32>) -> [(&'static str, &'static str); 3] {
+    macro_rules! decl {
+        ($binding:literal) => {
+            concat!(
+                "@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n",
+                "@group(0) @binding(2) var<storage, read> x1: array<f32>;\n",
+                "@group(0) @binding(",
+                $binding,
+                ") var<storage, read> nw4: array<vec4<f32>>;\n",
+                "var<private> ss: f32;\n",
+                "fn nx4(e: u32, v: vec4<f32>) -> vec4<f32> {\n    ss += dot(v, v);\n    return v * nw4[e >> 2u];\n}"
+            )
+        };
+    }
+    let decl = if norm_binding == Some(4) { decl!("4") } else { decl!("5") };
+    [("X_DECL", decl), ("PROLOGUE", ""), ("XB", "p.x_off + xr * p.x_stride")]
+}
+
+/// matvec.wgsl's NORM_SCALE under [`Prologue::ScaledNorm`]: a row's invocations together read
+/// all of x, so their shares of the sum of squares (`ss`) add up, as the row sums do, to the
+/// row's; each invocation then scales its share of the dot product by 1 / rms(x) before the
+/// row sum (the scale is common to the row, so the sum comes out scaled). Inactive rows add
+/// nothing and are not stored. (Skipping workgroup memory and barriers where a row lies within
+/// one subgroup's shuffles measured slower: H100, 1B F16 decode 1.288 -> 1.314 ms per token.)
+const NORM_SCALE_WGSL: &str = "    red[lid] = lanes_sum(ss, min(TPR, SGW));
+    workgroupBarrier();
+    for (var s = TPR / 2u; s >= SGW; s >>= 1u) {
+        if (t < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    acc *= inverseSqrt(red[lid - t] / f32(p.cols) + p.eps);
+    workgroupBarrier();";
+
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
 pub fn qmatmul(w: &QTensor, x: &Tensor, n: usize, out_shape: Vec<usize>) -> Result<Tensor> {
     qmatmul_with(w, x, n, out_shape, QOptions::default(), Epilogue::Store, Prologue::None)
@@ -838,6 +891,20 @@ pub(crate) fn qmatvec_fused(
     opts: QOptions,
 ) -> Result<Option<Tensor>> {
     let (_, ctx) = gpu_weights("qmatmul", w)?;
+    // The float types take the norm by scaling (no staged row, so no limit on the row's width
+    // or the workgroups) where x is read as vec4. H100, 1B F16 decode: its 33 rms_norm
+    // dispatches gone (BENCHMARKS.md, eleventh session).
+    let pro = match pro {
+        Prologue::RmsNorm(g, e)
+            if !w.ggml_type().is_quantized()
+                && w.cols().is_multiple_of(4)
+                && x.layout().offset.is_multiple_of(4)
+                && !staged_norm_forced() =>
+        {
+            Prologue::ScaledNorm(g, e)
+        }
+        other => other,
+    };
     let (n, out_dims) = match pro {
         Prologue::Combine(pa) => {
             let [b, _, tq, _] = pa.shape;
@@ -1169,9 +1236,10 @@ fn qmatmul_with(
 ) -> Result<Tensor> {
     const OP: &str = "qmatmul";
     let norm = match pro {
-        Prologue::RmsNorm(g, e) => Some((g, e)),
+        Prologue::RmsNorm(g, e) | Prologue::ScaledNorm(g, e) => Some((g, e)),
         _ => None,
     };
+    let scaled = matches!(pro, Prologue::ScaledNorm(..));
     // The combine prologue reads the partials (passed as x) whole, in elements.
     let combine = match pro {
         Prologue::Combine(pa) => Some(pa),
@@ -1284,7 +1352,7 @@ fn qmatmul_with(
         // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
         // every width.
         .with(&match pro {
-            Prologue::None => String::new(),
+            Prologue::None | Prologue::ScaledNorm(..) => String::new(),
             _ => format!("const XN: u32 = {}u;", if ty.is_quantized() { cols / 4 } else { cols.next_multiple_of(4) }),
         })
         // The combine prologue's shape: heads, head dim, splits, invocations per head.
@@ -1309,15 +1377,23 @@ fn qmatmul_with(
             let [e0, e1, e2, e3] = epi.wgsl(norm.is_some());
             // The combine prologue's params words (the epilogue then has none, see above).
             let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
-            let [x0, x1, x2] = x_side(ty.is_quantized(), norm_binding, combine.is_some(), q8);
+            let [x0, x1, x2] = match scaled {
+                true => scaled_norm_x_side(norm_binding),
+                false => x_side(ty.is_quantized(), norm_binding, combine.is_some(), q8),
+            };
             // Whole 16-byte loads of x for the float types where its rows allow (see x1_4 in
             // matvec.wgsl). H100, tg128: 1B F16 669.3 -> 690.3 tok/s, 1B BF16 630.9 -> 648.1.
             let x4 = !ty.is_quantized()
-                && matches!(pro, Prologue::None)
+                && matches!(pro, Prologue::None | Prologue::ScaledNorm(..))
                 && cols.is_multiple_of(4)
                 && x.layout().offset.is_multiple_of(4);
-            let x3 = ("X1_4", if x4 { "x4[(xb + e) >> 2u]" } else { "x1_4_scalar(xb, e)" });
-            ctx.pipeline(&spec, &[e0, e1, e2, e3, x0, x1, x2, x3])?
+            let x3 = match (scaled, x4) {
+                (true, _) => ("X1_4", "nx4(e, x4[(xb + e) >> 2u])"),
+                (false, true) => ("X1_4", "x4[(xb + e) >> 2u]"),
+                (false, false) => ("X1_4", "x1_4_scalar(xb, e)"),
+            };
+            let x5 = ("NORM_SCALE", if scaled { NORM_SCALE_WGSL } else { "" });
+            ctx.pipeline(&spec, &[e0, e1, e2, e3, x0, x1, x2, x3, x5])?
         }
         QKernel::Tiled | QKernel::Coop => ctx.pipeline(&spec, &[])?,
     };

@@ -433,6 +433,8 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             acc += mv_unit(rb, u, xb);
         }
     }
+    // With the norm applied by scaling (the host's ScaledNorm), each share scaled by 1 / rms(x).
+{{NORM_SCALE}}
     // Row sums: lanes_sum adds up aligned groups of min(TPR, SGW) lanes in registers (subgroup
     // shuffles; SGW = 1 without subgroups), the tree the rest (TPR and SGW are constants: the
     // loops are uniform). Every lane of a group holds its sum, the row's first lane the row's.

@@ -46,7 +46,10 @@ fn compile_pipeline(
         layout: None,
         module: &module,
         entry_point: Some(entry),
-        compilation_options: Default::default(),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            zero_initialize_workgroup_memory: zero_workgroup_memory(),
+            ..Default::default()
+        },
         cache: None,
     });
     match pollster::block_on(scope.pop()) {
@@ -73,6 +76,19 @@ fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
     let mut checks = wgpu::ShaderRuntimeChecks::checked();
     checks.force_loop_bounding = bounded;
     checks
+}
+
+/// Whether wgpu zeroes each workgroup's memory before the kernel runs: not for ours, which
+/// write every element of their workgroup arrays before they read it (staged tiles, reduction
+/// trees, scratch). WebGPU asks for it so that no kernel can read what another left there;
+/// its cost here: on GL, naga zeroes an array with one constructor of every element, which
+/// llvmpipe took 8 s to compile for a 1,024-element array and 98 s for a 4,096-element one (16
+/// ms without), so a cold test run spent most of its time compiling; on an H100 (Vulkan,
+/// zeroed by the driver) 8B Q4_0 decode 3.025 -> 3.006 ms per token.
+/// `ANYGPU_ZERO_WORKGROUP=1` (read once) zeroes it again.
+fn zero_workgroup_memory() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_ZERO_WORKGROUP").is_ok_and(|v| v == "1"))
 }
 
 /// `ANYGPU_DUMP_KERNELS=DIR`: each kernel's final WGSL (the header and sections as compiled)

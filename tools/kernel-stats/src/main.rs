@@ -6,7 +6,8 @@
 //! Usage: run anygpu with `ANYGPU_DUMP_KERNELS=DIR`, then `kernel-stats DIR/*.wgsl`. Each file
 //! (`<name>.<entry>.<hash>.wgsl`) is compiled to SPIR-V by naga with the options wgpu uses on
 //! such a device (index bounds checks, buffers left to the robust-access hardware, no loop
-//! bound, as anygpu asks), so the driver sees what it sees under anygpu.
+//! bound and no zeroing of workgroup memory, as anygpu asks), so the driver sees what it sees
+//! under anygpu.
 
 use std::ffi::{c_char, CStr};
 
@@ -63,7 +64,8 @@ fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, naga::Module), String> {
         image_load: naga::proc::BoundsCheckPolicy::Unchecked,
         binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
     };
-    options.zero_initialize_workgroup_memory = spv::ZeroInitializeWorkgroupMemoryMode::Native;
+    // anygpu turns wgpu's zeroing of workgroup memory off (gpu/context.rs).
+    options.zero_initialize_workgroup_memory = spv::ZeroInitializeWorkgroupMemoryMode::None;
     let pipeline = spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: entry.to_string() };
     let words = spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| format!("{e}"))?;
     Ok((words, module))

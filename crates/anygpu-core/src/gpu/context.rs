@@ -84,7 +84,7 @@ fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
 /// its cost here: on GL, naga zeroes an array with one constructor of every element, which
 /// llvmpipe took 8 s to compile for a 1,024-element array and 98 s for a 4,096-element one (16
 /// ms without), so a cold test run spent most of its time compiling; on an H100 (Vulkan,
-/// zeroed by the driver) 8B Q4_0 decode 3.025 -> 3.006 ms per token.
+/// zeroed by the driver) 8B Q4_0 decode 3.011 / 3.022 -> 2.986 / 3.002 ms per token.
 /// `ANYGPU_ZERO_WORKGROUP=1` (read once) zeroes it again.
 fn zero_workgroup_memory() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -796,6 +796,13 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     [("X_DECL", decl), ("PROLOGUE", if quantized { PROLOGUE_Q } else { PROLOGUE_F }), ("XB", "0u")]
 }
 
+/// Whether the matvec reads float x (F32 / F16 / BF16 weights) as whole vec4s (X1_4): every x
+/// row starts on a 16-byte boundary and holds a multiple of 4 elements. The scaled norm needs
+/// it.
+fn float_x_vec4(ty: GgmlType, cols: usize, x_offset: usize) -> bool {
+    !ty.is_quantized() && cols.is_multiple_of(4) && x_offset.is_multiple_of(4)
+}
+
 /// `ANYGPU_STAGED_NORM=1` (read once): the float types' fused RMSNorm staged in workgroup
 /// memory (where it fits) instead of applied by scaling, as before the scaling (for comparisons).
 fn staged_norm_forced() -> bool {
@@ -826,19 +833,13 @@ fn scaled_norm_x_side(norm_binding: Option<u32>) -> [(&'static str, &'static str
 }
 
 /// matvec.wgsl's NORM_SCALE under [`Prologue::ScaledNorm`]: a row's invocations together read
-/// all of x, so their shares of the sum of squares (`ss`) add up, as the row sums do, to the
-/// row's; each invocation then scales its share of the dot product by 1 / rms(x) before the
-/// row sum (the scale is common to the row, so the sum comes out scaled). Inactive rows add
-/// nothing and are not stored. (Skipping workgroup memory and barriers where a row lies within
-/// one subgroup's shuffles measured slower: H100, 1B F16 decode 1.288 -> 1.314 ms per token.)
-const NORM_SCALE_WGSL: &str = "    red[lid] = lanes_sum(ss, min(TPR, SGW));
-    workgroupBarrier();
-    for (var s = TPR / 2u; s >= SGW; s >>= 1u) {
-        if (t < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+/// all of x, so their shares of the sum of squares (`ss`) add up, through the same `row_sums`
+/// as the dot products, to the row's; each invocation then scales its share of the dot product
+/// by 1 / rms(x) before the row sum (the scale is common to the row, so the sum comes out
+/// scaled). Inactive rows add nothing and are not stored. (Skipping workgroup memory and
+/// barriers where a row lies within one subgroup's shuffles measured slower: H100, 1B F16
+/// decode 1.288 -> 1.314 ms per token.)
+const NORM_SCALE_WGSL: &str = "    row_sums(ss, lid, t);
     acc *= inverseSqrt(red[lid - t] / f32(p.cols) + p.eps);
     workgroupBarrier();";
 
@@ -896,10 +897,7 @@ pub(crate) fn qmatvec_fused(
     // dispatches gone (BENCHMARKS.md, eleventh session).
     let pro = match pro {
         Prologue::RmsNorm(g, e)
-            if !w.ggml_type().is_quantized()
-                && w.cols().is_multiple_of(4)
-                && x.layout().offset.is_multiple_of(4)
-                && !staged_norm_forced() =>
+            if float_x_vec4(w.ggml_type(), w.cols(), x.layout().offset) && !staged_norm_forced() =>
         {
             Prologue::ScaledNorm(g, e)
         }
@@ -1383,14 +1381,15 @@ fn qmatmul_with(
             };
             // Whole 16-byte loads of x for the float types where its rows allow (see x1_4 in
             // matvec.wgsl). H100, tg128: 1B F16 669.3 -> 690.3 tok/s, 1B BF16 630.9 -> 648.1.
-            let x4 = !ty.is_quantized()
-                && matches!(pro, Prologue::None | Prologue::ScaledNorm(..))
-                && cols.is_multiple_of(4)
-                && x.layout().offset.is_multiple_of(4);
+            let x4 =
+                matches!(pro, Prologue::None | Prologue::ScaledNorm(..)) && float_x_vec4(ty, cols, x.layout().offset);
             let x3 = match (scaled, x4) {
-                (true, _) => ("X1_4", "nx4(e, x4[(xb + e) >> 2u])"),
+                (true, true) => ("X1_4", "nx4(e, x4[(xb + e) >> 2u])"),
                 (false, true) => ("X1_4", "x4[(xb + e) >> 2u]"),
                 (false, false) => ("X1_4", "x1_4_scalar(xb, e)"),
+                // qmatvec_fused chose the scaled norm by the same rule on x before it was made
+                // contiguous (which keeps a contiguous x's offset and gives a copy offset 0).
+                (true, false) => return Err(Error::gpu(OP, "the scaled norm needs x read as vec4")),
             };
             let x5 = ("NORM_SCALE", if scaled { NORM_SCALE_WGSL } else { "" });
             ctx.pipeline(&spec, &[e0, e1, e2, e3, x0, x1, x2, x3, x5])?

@@ -435,10 +435,16 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     // With the norm applied by scaling (the host's ScaledNorm), each share scaled by 1 / rms(x).
 {{NORM_SCALE}}
-    // Row sums: lanes_sum adds up aligned groups of min(TPR, SGW) lanes in registers (subgroup
-    // shuffles; SGW = 1 without subgroups), the tree the rest (TPR and SGW are constants: the
-    // loops are uniform). Every lane of a group holds its sum, the row's first lane the row's.
-    red[lid] = lanes_sum(acc, min(TPR, SGW));
+    row_sums(acc, lid, t);
+{{STORE}}
+}
+
+// Row sums of v over each row's TPR lanes into `red`: lanes_sum adds up aligned groups of
+// min(TPR, SGW) lanes in registers (subgroup shuffles; SGW = 1 without subgroups), the tree the
+// rest (TPR and SGW are constants: the loops are uniform; called by every invocation). Every
+// lane of a group holds its group's sum, the row's first lane (t = 0) the row's.
+fn row_sums(v: f32, lid: u32, t: u32) {
+    red[lid] = lanes_sum(v, min(TPR, SGW));
     workgroupBarrier();
     for (var s = TPR / 2u; s >= SGW; s >>= 1u) {
         if (t < s) {
@@ -446,5 +452,4 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
         workgroupBarrier();
     }
-{{STORE}}
 }

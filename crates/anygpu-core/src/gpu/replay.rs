@@ -93,7 +93,24 @@ struct Step {
     workgroups: [u32; 3],
 }
 
+/// Ops left out of every replayed run, for finding what an op costs in a real pass (its
+/// kernel and the gap its dispatch adds): `ANYGPU_REPLAY_SKIP=attention,quantize_q8[4]` names
+/// ops as the decode profile does, bare (every grid) or with the grid's first count in
+/// brackets. The results are then wrong; only the GPU pass time means anything. Read once.
+fn skipped_ops() -> &'static [String] {
+    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SKIP.get_or_init(|| {
+        std::env::var("ANYGPU_REPLAY_SKIP")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+            .unwrap_or_default()
+    })
+}
+
 impl Step {
+    fn skipped(&self, skip: &[String]) -> bool {
+        skip.iter().any(|n| *n == self.op || *n == format!("{}[{}]", self.op, self.workgroups[0]))
+    }
+
     fn region(&self, j: usize) -> usize {
         if self.patched {
             j
@@ -398,9 +415,10 @@ impl Replay {
             });
             let mut pass =
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("replay"), timestamp_writes });
+            let skip = skipped_ops();
             for j in 0..steps {
                 let mut last: Option<&wgpu::ComputePipeline> = None;
-                for s in &self.steps {
+                for s in self.steps.iter().filter(|s| !s.skipped(skip)) {
                     if last.is_none_or(|l| *l != s.pipeline) {
                         pass.set_pipeline(&s.pipeline);
                         last = Some(&s.pipeline);

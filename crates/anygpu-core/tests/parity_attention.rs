@@ -191,6 +191,32 @@ fn keys_in_a_longer_cache() {
     }
 }
 
+/// Decode over a short cache (capacity 160, `DECODE_WHOLE_KEYS`) runs unsplit, one dispatch,
+/// where a longer one (512) is split and merged by a second; the partials a caller merges
+/// itself stay split at either length. Results against the CPU at 1, 37 and 150 keys.
+#[test]
+fn short_caches_are_walked_whole() {
+    use anygpu_core::ops::attention::gpu_attention_partial_splits;
+    let _serial = serial();
+    for (cap, want_dispatches) in [(160usize, 1usize), (512, 2)] {
+        for tk in [1usize, 37, 150] {
+            let name = format!("attention Tq 1 Tk {tk} of {cap} cached");
+            parity(&name, 2e-5, 2e-4, |dev| {
+                let q = t(17, &[1, 8, 1, 64], dev);
+                let k = t(18, &[1, 2, cap, 64], dev).narrow(2, 0, tk)?;
+                let v = t(19, &[1, 2, cap, 64], dev).narrow(2, 0, tk)?;
+                let opts = AttentionOpts::new(64, true);
+                if let Some(ctx) = dev.gpu() {
+                    let (_, rec) = ctx.record(|| q.attention(&k, &v, &opts))?;
+                    assert_eq!(rec.len(), want_dispatches, "{name} on {}: dispatches", dev.name());
+                    assert!(gpu_attention_partial_splits(&q, &k, &v, &opts)? > 1, "{name}: partials not split");
+                }
+                q.attention(&k, &v, &opts)?.to_vec_f32()
+            });
+        }
+    }
+}
+
 #[test]
 fn forced_splits_and_tiles() {
     let _serial = serial();

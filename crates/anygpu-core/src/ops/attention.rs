@@ -695,6 +695,17 @@ struct CombineParams {
 /// Workgroups that keep a large GPU busy; below this the keys are split (flash-decoding).
 const TARGET_WORKGROUPS: usize = 512;
 
+/// Decode (a few query rows) over at most this many keys (the cache's capacity) is not split:
+/// a split costs the merge, a dispatch of its own or the output projection's prologue, more
+/// than a workgroup walking the few tiles alone. H100, 32 query / 8 KV heads, kernels timed
+/// each in a pass of its own (µs, one split vs split and merged): D = 128, 128 keys 14.8 vs
+/// 10.0 + 7.5, 256 keys 21.3 vs 10.0 + 8.0; D = 64, 13.6 vs 9.6 + 7.3, 19.2 vs 9.6 + 7.5 (about
+/// 1.5 µs more per 32-key tile walked alone). Decode step at a 129-position cache, GPU pass per
+/// token (BENCHMARKS.md, twelfth session): 8B Q4_0 3.00 -> 2.91 ms, 1B F16 1.277 -> 1.229.
+/// SmolLM2's output projection merges its splits in its prologue, no dispatch: it keeps them
+/// (walked whole, 0.839 -> 0.850 ms).
+const DECODE_WHOLE_KEYS: usize = 160;
+
 pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
     gpu_attention_tuned(q, k, v, opts, AttentionTuning::default())
 }
@@ -784,7 +795,22 @@ struct Plan {
 
 /// Checks the inputs and plans the call; None when there is nothing to dispatch (no keys, or
 /// an empty output).
-fn plan(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts, tuning: AttentionTuning) -> Result<Option<Plan>> {
+/// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
+/// caller (`gpu_attention_partials`: the decode step's output projection, in its prologue).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    Dispatch,
+    Caller,
+}
+
+fn plan(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    tuning: AttentionTuning,
+    merge: Merge,
+) -> Result<Option<Plan>> {
     let s = check(q, k, v)?;
     let ctx = gpu_of(OP, q)?;
     if s.tk == 0 || s.out_shape().iter().product::<usize>() == 0 {
@@ -819,6 +845,10 @@ fn plan(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts, tuning: Attent
         // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1
         // for a few query rows: decode, where one workgroup walking 128 keys alone took ~20 µs
         // on the H100).
+        // Decode over a short cache walks it whole where the splits would be merged by a
+        // dispatch of their own: it costs more than the few tiles a workgroup walks alone (see
+        // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split.
+        None if rows <= 16 && capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch => 1,
         None if base_wgs < TARGET_WORKGROUPS => {
             let min_piece = if rows <= 16 { 1 } else { 2 };
             TARGET_WORKGROUPS.div_ceil(base_wgs).min(n_ktiles / min_piece).max(1)
@@ -888,7 +918,7 @@ pub fn gpu_attention_tuned(
     opts: &AttentionOpts,
     tuning: AttentionTuning,
 ) -> Result<Tensor> {
-    let Some(plan) = plan(q, k, v, opts, tuning)? else {
+    let Some(plan) = plan(q, k, v, opts, tuning, Merge::Dispatch)? else {
         let s = check(q, k, v)?;
         if s.tk == 0 {
             // Softmax over no keys: every row is empty, the output zeros.
@@ -919,6 +949,12 @@ pub fn gpu_attention_partials(
     gpu_attention_partials_tuned(q, k, v, opts, AttentionTuning::default())
 }
 
+/// The key splits [`gpu_attention_partials`] would make (1: none, or nothing to attend), with
+/// nothing dispatched: a caller that can merge partials asks first whether they fit it.
+pub fn gpu_attention_partial_splits(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<usize> {
+    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Caller)?.map_or(1, |p| p.splits))
+}
+
 /// [`gpu_attention_partials`] with the overrides of `tuning` (tests force splits).
 #[doc(hidden)]
 pub fn gpu_attention_partials_tuned(
@@ -928,7 +964,7 @@ pub fn gpu_attention_partials_tuned(
     opts: &AttentionOpts,
     tuning: AttentionTuning,
 ) -> Result<Option<AttentionPartials>> {
-    match plan(q, k, v, opts, tuning)? {
+    match plan(q, k, v, opts, tuning, Merge::Caller)? {
         Some(plan) if plan.splits > 1 => plan.partials(q, k, v).map(Some),
         _ => Ok(None),
     }

@@ -11,7 +11,7 @@ use super::gpu::{qmatvec_fused, Epilogue, Prologue, QOptions, RopeKvEpilogue};
 use super::{QStorage, QTensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::ops::attention::AttentionPartials;
+use crate::ops::attention::{gpu_attention_partial_splits, AttentionOpts, AttentionPartials};
 use crate::ops::rope::{plan, RopeOpts};
 use crate::ops::rope_kv::{check_caches, rope_qkv_store};
 use crate::tensor::{DType, Tensor};
@@ -163,6 +163,20 @@ impl QTensor {
         }
         let x = a.combine()?.permute(&[0, 2, 1, 3])?.reshape([n, h * d])?;
         self.qmatmul_add(&x, resid)
+    }
+
+    /// Whether [`QTensor::qmatmul_add_combined`] would merge, in its own dispatch (the combine
+    /// prologue), the partials that `q.attention_partials(k, v, opts)` makes: asked before the
+    /// decode step's attention runs. Where it would not, the whole attention is better: a short
+    /// cache is then walked unsplit, a long one split and merged by a dispatch either way. False
+    /// on the CPU and where the attention would not split.
+    pub fn merges_attention_partials(&self, q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<bool> {
+        if self.device().gpu().is_none() || !q.device().same(self.device()) || q.rank() != 4 {
+            return Ok(false);
+        }
+        let shape = [q.dims()[0], q.dims()[1], q.dims()[2], q.dims()[3]];
+        let splits = gpu_attention_partial_splits(q, k, v, opts)?;
+        super::gpu::combine_prologue_takes(self, shape, splits)
     }
 
     /// `rms_norm(x, norm) @ W^T`.

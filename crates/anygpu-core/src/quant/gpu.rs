@@ -920,7 +920,7 @@ pub(crate) fn qmatvec_fused(
         MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, pro.staging(), opts.threads_per_row)?;
     let groups = layout.groups(paired_out_rows(w.rows(), epi));
     if let Prologue::Combine(pa) = pro {
-        if !combine_fits(w, pa, &ctx, epi, &opts, groups) {
+        if !combine_fits(w, pa.shape, pa.n_splits, &ctx, epi, &opts, groups) {
             return Ok(None);
         }
     }
@@ -992,14 +992,15 @@ pub(crate) fn qmatvec_fused(
 /// [`COMBINE_PROLOGUE_MAX_BYTES`].
 fn combine_fits(
     w: &QTensor,
-    pa: &AttentionPartials,
+    shape: [usize; 4],
+    s: usize,
     ctx: &GpuContext,
     epi: Epilogue<'_>,
     opts: &QOptions,
     groups: usize,
 ) -> bool {
-    let [b, h, tq, d] = pa.shape;
-    let (rows, cols, s) = (w.rows(), w.cols(), pa.n_splits);
+    let [b, h, tq, d] = shape;
+    let (rows, cols) = (w.rows(), w.cols());
     let n = b * tq;
     let max_binding = binding_limit(ctx, opts);
     let smem = (cols * 4 + h * s * 4 + WG * 4) as u64;
@@ -1011,13 +1012,30 @@ fn combine_fits(
         || matches!(epi, Epilogue::RopeKv(_))
         || smem > ctx.caps.max_compute_workgroup_storage_size as u64
         || (cols.max(rows) * n * 4) as u64 + BIND_ALIGN > max_binding
-        || (pa.part.numel() * 4) as u64 + BIND_ALIGN > max_binding
+        || (n * h * s * (d + 2) * 4) as u64 + BIND_ALIGN > max_binding
     {
         return false;
     }
     // Each workgroup reads its x row's partials.
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
+}
+
+/// Whether `QTensor::qmatmul_add_combined` on W would merge attention partials of `shape`
+/// [B, H, Tq, D] split `n_splits` ways in its prologue (one dispatch), rather than through the
+/// combine dispatch: asked before the attention runs, to choose how it splits.
+pub(crate) fn combine_prologue_takes(w: &QTensor, shape: [usize; 4], n_splits: usize) -> Result<bool> {
+    let (_, ctx) = gpu_weights("qmatmul", w)?;
+    let n = shape[0] * shape[2];
+    if n == 0 || n > MATVEC_MAX_N || n_splits < 2 {
+        return Ok(false);
+    }
+    // The layout of that product (as qmatvec_fused works it out; its residual epilogue lays
+    // rows out as Store does).
+    let units = matvec_units(w.ggml_type(), w.cols(), false);
+    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, Epilogue::Store, Staging::Combine, None)?;
+    let groups = layout.groups(w.rows());
+    Ok(combine_fits(w, shape, n_splits, &ctx, Epilogue::Store, &QOptions::default(), groups))
 }
 
 /// [`qmatmul`] with the kernel choice and binding limit of `opts` (tests, benchmarks). Shapes

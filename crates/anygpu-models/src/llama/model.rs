@@ -381,12 +381,14 @@ impl Llama {
             };
             let q = q.permute(&[1, 0, 2])?.unsqueeze(0)?; // [1, H, T, D]
 
-            // Decoding on a GPU, an attention that splits the keys stops after its first pass:
-            // the output projection merges the splits itself (one dispatch fewer per layer).
-            let partials = match t == 1 && fused_combine() {
-                true => q.attention_partials(&keys, &values, &attn)?,
-                false => None,
-            };
+            // Decoding on a GPU, an attention that splits the keys stops after its first pass
+            // where the output projection merges the splits itself (one dispatch fewer per
+            // layer); elsewhere it runs whole (a short cache unsplit: see ops::attention).
+            let partials =
+                match t == 1 && fused_combine() && b.wo.merges_attention_partials(&q, &keys, &values, &attn)? {
+                    true => q.attention_partials(&keys, &values, &attn)?,
+                    false => None,
+                };
             x = match partials {
                 Some(p) => b.wo.qmatmul_add_combined(&p, &x)?,
                 None => {

@@ -106,6 +106,25 @@ fn generate_json_is_one_object_with_the_ids_and_text() {
     assert_eq!(v["generated_ids"], w["generated_ids"]);
 }
 
+/// `bench llm -d` (llama-bench's depth) names its rows `pp8 @ d16`, measures after the prefilled
+/// tokens, and refuses a depth past the model's context.
+#[test]
+fn bench_llm_at_a_depth() {
+    let m = smollm2();
+    let o = anygpu(&["bench", "llm", "-m", s(&m), "-p", "8", "-n", "4", "-d", "16", "-r", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench llm --json is JSON");
+    let rows = v.as_array().expect("an array of rows");
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().expect("test")).collect();
+    assert_eq!(tests, ["pp8 @ d16", "tg4 @ d16"], "{v}");
+    assert!(rows.iter().all(|r| r["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)), "{v}");
+    expect_failure(
+        &["bench", "llm", "-m", s(&m), "-p", "8", "-n", "0", "-d", "100000"],
+        2,
+        "exceeds the model's training context",
+    );
+}
+
 #[test]
 fn devices_json_lists_the_cpu_backend_as_selected() {
     let o = anygpu(&["devices", "--json"]);

@@ -1,9 +1,10 @@
-//! `anygpu bench llm -m FILE [-p 512] [-n 128] [-r 3]`: prefill and decode speed like
-//! llama-bench (pp: a prompt of random tokens; tg: tokens generated one at a time).
+//! `anygpu bench llm -m FILE [-p 512] [-n 128] [-d 0] [-r 3]`: prefill and decode speed like
+//! llama-bench (pp: a prompt of random tokens; tg: tokens generated one at a time; `-d`: both
+//! after that many tokens already in the context, untimed).
 
 use std::time::Instant;
 
-use anygpu_models::llama::Llama;
+use anygpu_models::llama::{KvCache, Llama};
 use serde::Serialize;
 
 use super::llm::{describe, load, ModelArgs};
@@ -19,6 +20,10 @@ pub struct Args {
     /// Generated tokens for the decode test (0 = skip).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Tokens already in the context when each test starts (prefilled, not timed), as
+    /// llama-bench's `-d`: the speed at that depth of a conversation.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    n_depth: usize,
     /// Repetitions (the mean and spread are reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     reps: usize,
@@ -47,24 +52,41 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// llama-bench's test names: `pp512`, `tg128 @ d4096`.
+fn test_name(kind: &str, n: usize, depth: usize) -> String {
+    match depth {
+        0 => format!("{kind}{n}"),
+        d => format!("{kind}{n} @ d{d}"),
+    }
+}
+
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64;
     (m, var.sqrt())
 }
 
-fn pp(model: &Llama, n: usize, seed: u64) -> anygpu_core::Result<f64> {
+/// A cache of `cap` positions holding `depth` random tokens (prefilled).
+fn cache_at_depth(model: &Llama, cap: usize, depth: usize) -> anygpu_core::Result<KvCache> {
+    let mut cache = model.new_cache(cap)?;
+    if depth > 0 {
+        anygpu_models::generate::prefill(model, &mut cache, &tokens(depth, model.config.n_vocab, 99))?;
+    }
+    Ok(cache)
+}
+
+fn pp(model: &Llama, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
     let ids = tokens(n, model.config.n_vocab, seed);
-    let mut cache = model.new_cache(n)?;
+    let mut cache = cache_at_depth(model, depth + n, depth)?;
     let t0 = Instant::now();
     anygpu_models::generate::prefill(model, &mut cache, &ids)?;
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// Decode speed over `n` tokens with a KV cache of `ctx` positions (at least n + 1; the
-/// attention plans its key splits on the cache's capacity).
-fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64> {
-    let mut cache = model.new_cache(ctx.max(n + 1))?;
+/// Decode speed over `n` tokens after `depth` with a KV cache of `ctx` positions (at least
+/// depth + n + 1; the attention plans its key splits on the cache's capacity).
+fn tg(model: &Llama, n: usize, depth: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64> {
+    let mut cache = cache_at_depth(model, ctx.max(depth + n + 1), depth)?;
     let mut id = tokens(1, model.config.n_vocab, seed)[0];
     // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
     model.prepare_decode(&mut cache);
@@ -106,7 +128,7 @@ fn tg(model: &Llama, n: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64
 /// printed per op and grid on stderr.
 fn profile_prefill(model: &Llama, n: usize) -> anygpu_core::Result<()> {
     let Some(g) = model.device().gpu() else { return Ok(()) };
-    let ((), ops) = g.profile_dispatches(|| pp(model, n, 0).map(|_| ()))?;
+    let ((), ops) = g.profile_dispatches(|| pp(model, n, 0, 0).map(|_| ()))?;
     print_profile(&format!("prefill of {n} tokens"), ops);
     Ok(())
 }
@@ -132,7 +154,8 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         return Err(CliError::usage("nothing to measure: -p (prompt tokens) and -n (generated tokens) are both 0"));
     }
     let mut margs = args.model.clone();
-    margs.ctx_size = Some(margs.ctx_size.unwrap_or(0).max(args.n_prompt.max(args.n_gen + 1)).max(1));
+    let depth = args.n_depth;
+    margs.ctx_size = Some(margs.ctx_size.unwrap_or(0).max(depth + args.n_prompt.max(args.n_gen + 1)).max(1));
     let lm = load(device, &margs, args.json)?;
     let name = args.model.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let dev = describe(lm.model.device());
@@ -141,9 +164,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     // One untimed run of each compiles the pipelines and warms the pools (at the full prompt
     // length, as llama-bench's warm-up: the kernels' tile choices depend on the token count).
     if args.n_prompt > 0 {
-        pp(&lm.model, args.n_prompt, 0)?;
-        let v =
-            (0..reps).map(|r| pp(&lm.model, args.n_prompt, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
+        pp(&lm.model, args.n_prompt, depth, 0)?;
+        let v = (0..reps)
+            .map(|r| pp(&lm.model, args.n_prompt, depth, r as u64 + 1))
+            .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         if std::env::var("ANYGPU_PROFILE_PREFILL").is_ok_and(|v| v == "1") {
             profile_prefill(&lm.model, args.n_prompt)?;
@@ -152,7 +176,7 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
             model: name.clone(),
             size_mib: lm.model.weight_bytes() >> 20,
             device: dev.clone(),
-            test: format!("pp{}", args.n_prompt),
+            test: test_name("pp", args.n_prompt, depth),
             tokens_per_s: m,
             stddev: sd,
         });
@@ -164,15 +188,16 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         }
         // `-c` sets the decode test's cache (default: just the generated tokens, n + 1).
         let ctx = args.model.ctx_size.unwrap_or(0);
-        tg(&lm.model, 4, ctx, 0)?;
-        let v =
-            (0..reps).map(|r| tg(&lm.model, args.n_gen, ctx, r as u64 + 1)).collect::<anygpu_core::Result<Vec<_>>>()?;
+        tg(&lm.model, 4, depth, ctx, 0)?;
+        let v = (0..reps)
+            .map(|r| tg(&lm.model, args.n_gen, depth, ctx, r as u64 + 1))
+            .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         rows.push(Row {
             model: name.clone(),
             size_mib: lm.model.weight_bytes() >> 20,
             device: dev.clone(),
-            test: format!("tg{}", args.n_gen),
+            test: test_name("tg", args.n_gen, depth),
             tokens_per_s: m,
             stddev: sd,
         });

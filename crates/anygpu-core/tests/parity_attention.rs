@@ -434,3 +434,69 @@ fn bench() {
         }
     }
 }
+
+/// Prefill on cooperative matrices (attention_coop.wgsl) against the CPU, within the f16
+/// rounding of Q, K, V and P: causal runs longer than one 64-query block and not a multiple of
+/// it, a continuation (Tq < Tk) in a batch of two, grouped-query heads, no mask, head dims 16
+/// to 128; on every GPU device that takes it (its matrices emulated where it has none: every
+/// device with f16 shaders runs it, the 128-wide heads where workgroup memory allows).
+#[test]
+fn coop_prefill_matches_cpu() {
+    use anygpu_core::ops::attention_coop::{gpu_attention_coop, set_emulated};
+    let _serial = serial();
+    let cases = [
+        case(1, 4, 2, 70, 70, 64, true),
+        case(2, 2, 1, 64, 100, 32, true),
+        case(1, 3, 3, 130, 130, 16, false),
+        case(1, 2, 1, 200, 200, 64, true),
+        case(1, 2, 1, 65, 65, 128, true),
+    ];
+    for dev in gpu_devices() {
+        let ctx = dev.gpu().expect("a GPU device");
+        let emulated = !ctx.caps.cooperative_matrix;
+        set_emulated(emulated);
+        let mut ran = 0;
+        for c in &cases {
+            let name = format!("coop {} on {}{}", c.name(), dev.name(), if emulated { " (emulated)" } else { "" });
+            let (q, k, v) = (
+                t(31, &[c.b, c.hq, c.tq, c.d], dev),
+                t(32, &[c.b, c.hkv, c.tk, c.d], dev),
+                t(33, &[c.b, c.hkv, c.tk, c.d], dev),
+            );
+            let got = match gpu_attention_coop(&q, &k, &v, &c.opts()) {
+                Ok(Some(o)) => o.to_vec_f32().unwrap(),
+                Ok(None) => continue,
+                Err(e) => panic!("{name}: {e}"),
+            };
+            ran += 1;
+            let host = |x: &Tensor| x.to_device(&Device::Cpu).unwrap();
+            let want = host(&q).attention(&host(&k), &host(&v), &c.opts()).unwrap().to_vec_f32().unwrap();
+            check_close(&name, &got, &want, 4e-3, 1e-2).unwrap_or_else(|m| panic!("{m}"));
+        }
+        set_emulated(false);
+        // Head dims up to 64 fit every device with f16 shaders (lavapipe's 32 KiB included).
+        if ctx.caps.shader_f16 {
+            assert!(ran >= 4, "the coop attention ran {ran} of {} cases on {}", cases.len(), dev.name());
+        }
+    }
+}
+
+/// The coop attention kernel and its emulated variant parse, validate and translate to SPIR-V
+/// for every head dim it takes (most machines cannot run the real one).
+#[test]
+fn coop_kernel_validates_with_naga() {
+    use anygpu_core::ops::attention_coop::spec;
+    use wgpu::naga::valid::Capabilities as C;
+    for d in [16usize, 32, 48, 64, 80, 96, 112, 128] {
+        for emulated in [false, true] {
+            let mut caps = C::SHADER_FLOAT16_IN_FLOAT32 | C::SHADER_FLOAT16;
+            if !emulated {
+                caps |= C::COOPERATIVE_MATRIX | C::SUBGROUP;
+            }
+            let src = spec(d, emulated).source_text(&[]);
+            if let Err(e) = anygpu_core::testing::validate_wgsl_for_vulkan(&src, caps) {
+                panic!("attention_coop D={d} emulated={emulated}:\n{e}");
+            }
+        }
+    }
+}

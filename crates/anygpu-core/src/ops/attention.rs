@@ -19,7 +19,8 @@
 //! workgroups and merged by `attention_combine.wgsl` (flash-decoding) when the rows alone do not
 //! fill the GPU, as in decode. [`Tensor::attention_partials`] stops after the first pass, for
 //! a consumer that merges the splits itself (the decode step's output projection,
-//! `QTensor::qmatmul_add_combined`).
+//! `QTensor::qmatmul_add_combined`). Runs of at least 64 queries (prefill) take the
+//! tensor-core kernel of `attention_coop.rs` instead where the device has cooperative matrices.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -52,13 +53,13 @@ impl AttentionOpts {
 
 /// The shape facts of one attention call.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    b: usize,
-    hq: usize,
-    hkv: usize,
-    tq: usize,
-    tk: usize,
-    d: usize,
+pub(super) struct Dims {
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
 }
 
 impl Dims {
@@ -79,7 +80,7 @@ impl Dims {
     }
 }
 
-fn check(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
+pub(super) fn check(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
     same_device(OP, q, k)?;
     same_device(OP, q, v)?;
     let shapes = || format!("q {}, k {}, v {}", q.shape(), k.shape(), v.shape());
@@ -219,13 +220,13 @@ fn as_bhtd(stored: Tensor) -> Result<Tensor> {
 }
 
 /// A new (uninitialised) GPU output, stored [B, Tq, Hq, D], seen as [B, Hq, Tq, D].
-fn gpu_output(shape: [usize; 4], device: &crate::Device) -> Result<Tensor> {
+pub(super) fn gpu_output(shape: [usize; 4], device: &crate::Device) -> Result<Tensor> {
     let [b, h, t, d] = shape;
     as_bhtd(Tensor::gpu_empty(vec![b, t, h, d], DType::F32, device)?)
 }
 
 /// The output's strides (b, h, t, d) in elements, for the kernels.
-fn out_strides(out: &Tensor) -> Result<[u32; 4]> {
+pub(super) fn out_strides(out: &Tensor) -> Result<[u32; 4]> {
     let l = &out.layout().strides;
     Ok([to_u32(OP, l[0])?, to_u32(OP, l[1])?, to_u32(OP, l[2])?, to_u32(OP, l[3])?])
 }
@@ -918,6 +919,13 @@ pub fn gpu_attention_tuned(
     opts: &AttentionOpts,
     tuning: AttentionTuning,
 ) -> Result<Tensor> {
+    // Prefill on cooperative matrices where the device has them (a tuned call is the flash
+    // kernel's).
+    if tuning.splits.is_none() && tuning.tiles.is_none() {
+        if let Some(o) = super::attention_coop::gpu_attention_coop(q, k, v, opts)? {
+            return Ok(o);
+        }
+    }
     let Some(plan) = plan(q, k, v, opts, tuning, Merge::Dispatch)? else {
         let s = check(q, k, v)?;
         if s.tk == 0 {

@@ -2,6 +2,7 @@
 //! dispatch (`gpu_*`) and its WGSL file beside it.
 
 pub mod attention;
+pub mod attention_coop;
 pub mod cast;
 pub mod copy;
 pub mod elementwise;

@@ -473,10 +473,29 @@ fn coop_prefill_matches_cpu() {
             let want = host(&q).attention(&host(&k), &host(&v), &c.opts()).unwrap().to_vec_f32().unwrap();
             check_close(&name, &got, &want, 4e-3, 1e-2).unwrap_or_else(|m| panic!("{m}"));
         }
+        // Q, K and V read in place from one [B, T, 3H, D] product (BERT's fused path): strided
+        // views, K and V rows still contiguous.
+        let (b, tt, h, d) = (2usize, 80usize, 3usize, 32usize);
+        let qkv = t(34, &[b, tt, 3 * h, d], dev).permute(&[0, 2, 1, 3]).unwrap();
+        let (q, k, v) = (qkv.narrow(1, 0, h).unwrap(), qkv.narrow(1, h, h).unwrap(), qkv.narrow(1, 2 * h, h).unwrap());
+        let opts = AttentionOpts::new(d, false);
+        if let Some(o) = gpu_attention_coop(&q, &k, &v, &opts).unwrap() {
+            ran += 1;
+            let host = |x: &Tensor| x.to_device(&Device::Cpu).unwrap();
+            let want = host(&q).attention(&host(&k), &host(&v), &opts).unwrap().to_vec_f32().unwrap();
+            check_close(
+                &format!("coop in-place qkv views on {}", dev.name()),
+                &o.to_vec_f32().unwrap(),
+                &want,
+                4e-3,
+                1e-2,
+            )
+            .unwrap_or_else(|m| panic!("{m}"));
+        }
         set_emulated(false);
         // Head dims up to 64 fit every device with f16 shaders (lavapipe's 32 KiB included).
         if ctx.caps.shader_f16 {
-            assert!(ran >= 4, "the coop attention ran {ran} of {} cases on {}", cases.len(), dev.name());
+            assert!(ran >= 5, "the coop attention ran {ran} of {} cases on {}", cases.len() + 1, dev.name());
         }
     }
 }

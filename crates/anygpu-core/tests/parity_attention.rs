@@ -439,7 +439,8 @@ fn bench() {
 /// rounding of Q, K, V and P: causal runs longer than one 64-query block and not a multiple of
 /// it, a continuation (Tq < Tk) in a batch of two, grouped-query heads, no mask, head dims 16
 /// to 128; on every GPU device that takes it (its matrices emulated where it has none: every
-/// device with f16 shaders runs it, the 128-wide heads where workgroup memory allows).
+/// device with f16 shaders runs it, the 128-wide heads where workgroup memory allows); and Q,
+/// K, V as strided views of one product.
 #[test]
 fn coop_prefill_matches_cpu() {
     use anygpu_core::ops::attention_coop::{gpu_attention_coop, set_emulated};

@@ -172,19 +172,26 @@ fn strided_views_and_f16_kv() {
 
 /// A decode step reads its keys from a view of a KV cache longer than them: the key splits are
 /// planned for the cache's capacity (so that a recorded step replays at every position), and
-/// the merge reads only those that can hold keys. Capacities of 512 with 1, 33 and 70 keys,
-/// both merges (the combine pass, and the output projection's prologue is checked in
+/// the merge reads only those that can hold keys (the others hold another call's partials
+/// here). Capacities of 512 with 1, 33 and 70 keys, and of 2048 with 1500, both merges (the combine pass, and the output projection's prologue is checked in
 /// parity_qmatmul), against the CPU.
 #[test]
 fn keys_in_a_longer_cache() {
     let _serial = serial();
-    for tk in [1usize, 33, 70] {
+    for (tk, cap) in [(1usize, 512usize), (33, 512), (70, 512), (1500, 2048)] {
         for d in [64usize, 128] {
-            let name = format!("attention Tq 1 Tk {tk} of 512 cached, D {d}");
+            let name = format!("attention Tq 1 Tk {tk} of {cap} cached, D {d}");
             parity(&name, 2e-5, 2e-4, |dev| {
                 let q = t(7, &[1, 8, 1, d], dev);
-                let k = t(8, &[1, 2, 512, d], dev).narrow(2, 0, tk)?;
-                let v = t(9, &[1, 2, 512, d], dev).narrow(2, 0, tk)?;
+                if dev.gpu().is_some() {
+                    // Poison the pool: the whole cache with large scores fills every split of
+                    // the partials, whose buffer then serves the call below (its merge must read
+                    // only the splits that hold its keys).
+                    let full = t(8, &[1, 2, cap, d], dev);
+                    drop(q.affine(64.0, 0.0)?.attention(&full, &full, &AttentionOpts::new(d, false))?);
+                }
+                let k = t(8, &[1, 2, cap, d], dev).narrow(2, 0, tk)?;
+                let v = t(9, &[1, 2, cap, d], dev).narrow(2, 0, tk)?;
                 q.attention(&k, &v, &AttentionOpts::new(d, false))?.to_vec_f32()
             });
         }

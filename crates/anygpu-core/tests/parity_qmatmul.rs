@@ -640,7 +640,7 @@ fn rope_kv_epilogue_matches_composition() {
 /// the same forced splits, merged by attention_combine, then `qmatmul_add`), both against the
 /// CPU's attention + `qmatmul_add`: several types, head counts (9 x 64 as SmolLM2, 3 x 16, 4 x
 /// 64 for the k-quants), split counts (default, forced, and more splits than the current
-/// length fills: the empty ones must not count), two query rows (the x row -> partials row
+/// length fills: the empty ones must not count, even holding another call's partials), two query rows (the x row -> partials row
 /// mapping), and a head dim that is not a multiple of 4 (the prologue declines: the combine
 /// runs apart). Decode is one dispatch after the attention (checked by recording it).
 #[test]
@@ -653,6 +653,8 @@ fn combine_prologue_matches_composition() {
     // (type, H, Hkv, D, W rows, Tq, keys, cache capacity, tuning, fused)
     let cases = [
         (GgmlType::Q4_1, 9, 3, 64, 37, 1, 50, 200, AttentionTuning::default(), true),
+        // A longer cache, most of its splits live.
+        (GgmlType::Q4_1, 9, 3, 64, 37, 1, 1500, 2048, AttentionTuning::default(), true),
         (GgmlType::Q8_0, 9, 3, 64, 21, 1, 6, 40, AttentionTuning { splits: Some(10), tiles: tiny }, true),
         (GgmlType::Q4_0, 9, 3, 64, 9, 1, 37, 40, AttentionTuning { splits: Some(3), tiles: tiny }, true),
         (GgmlType::Q6K, 4, 2, 64, 19, 1, 23, 64, AttentionTuning { splits: Some(5), tiles: None }, true),
@@ -682,6 +684,14 @@ fn combine_prologue_matches_composition() {
                 let y = w.qmatmul_add(&merged(q.attention(&k, &v, &opts)?)?, &resid)?.to_vec_f32()?;
                 return Ok([y.clone(), y].concat());
             };
+            if tk > 1024 {
+                // Poison the pool: partials of the whole cache with large scores fill every
+                // split; their buffer, dropped, serves the run below, whose splits past its keys
+                // the merge must not read.
+                let full = |seed| -> Result<Tensor> { upload_x(seed, hkv * cap, d, dev)?.reshape([1, hkv, cap, d]) };
+                let big = q.affine(64.0, 0.0)?;
+                drop(gpu_attention_partials_tuned(&big, &full(205)?, &full(206)?, &opts, tuning)?);
+            }
             let parts = gpu_attention_partials_tuned(&q, &k, &v, &opts, tuning)?.expect("the keys are split");
             assert!(parts.n_splits() > 1, "{name}");
             let mut all = w.qmatmul_add_combined(&parts, &resid)?.to_vec_f32()?;

@@ -6,8 +6,16 @@ use anygpu_core::gpu::Replay;
 use anygpu_core::testing::{check_close, gpu_devices, rand_vec};
 use anygpu_core::{Device, Result, Tensor};
 
+/// The tests take turns: a dispatch profile counts every dispatch on the device's context, the
+/// other test's included when they run side by side (seen in CI: 5 dispatches for 3).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn replay_matches_direct_runs_and_refuses_what_it_cannot_replay() -> Result<()> {
+    let _turn = one_at_a_time();
     for dev in gpu_devices() {
         let ctx = dev.gpu().expect("a GPU device").clone();
         let x = Tensor::from_vec(rand_vec(1, 64), [64], &Device::Cpu)?.to_device(dev)?;
@@ -83,6 +91,7 @@ fn replay_matches_direct_runs_and_refuses_what_it_cannot_replay() -> Result<()> 
 /// counted under its op and grid, results unchanged, and the context usable afterwards.
 #[test]
 fn dispatch_profile_counts_each_dispatch() -> Result<()> {
+    let _turn = one_at_a_time();
     for dev in gpu_devices() {
         let ctx = dev.gpu().expect("a GPU device").clone();
         let x = Tensor::from_vec(rand_vec(2, 1000), [1000], &Device::Cpu)?.to_device(dev)?;

@@ -794,8 +794,6 @@ struct Plan {
     splits: usize,
 }
 
-/// Checks the inputs and plans the call; None when there is nothing to dispatch (no keys, or
-/// an empty output).
 /// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
 /// caller (`gpu_attention_partials`: the decode step's output projection, in its prologue).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -804,6 +802,8 @@ enum Merge {
     Caller,
 }
 
+/// Checks the inputs and plans the call; None when there is nothing to dispatch (no keys, or
+/// an empty output).
 fn plan(
     q: &Tensor,
     k: &Tensor,
@@ -843,13 +843,12 @@ fn plan(
     let n_ktiles = capacity.div_ceil(bk);
     let splits = match tuning.splits {
         Some(n) => n.clamp(1, n_ktiles),
-        // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1
-        // for a few query rows: decode, where one workgroup walking 128 keys alone took ~20 µs
-        // on the H100).
         // Decode over a short cache walks it whole where the splits would be merged by a
         // dispatch of their own: it costs more than the few tiles a workgroup walks alone (see
         // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split.
         None if rows <= 16 && capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch => 1,
+        // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1 for
+        // a few query rows: decode).
         None if base_wgs < TARGET_WORKGROUPS => {
             let min_piece = if rows <= 16 { 1 } else { 2 };
             TARGET_WORKGROUPS.div_ceil(base_wgs).min(n_ktiles / min_piece).max(1)

@@ -139,7 +139,7 @@ pub fn spec(d: usize, emulated: bool) -> KernelSpec {
     let spec = KernelSpec::new(format!("attention_coop{}_d{d}", if emulated { "_emu" } else { "" }), text, "attention")
         .with("enable f16;");
     let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-    spec.constant_u32("D", d).constant_u32("DT", d / 16).constant_u32("SD4", (d + 8) / 4)
+    spec.constant_u32("D", d)
 }
 
 /// Attention on cooperative matrices, or `None` where it does not apply (see the module docs).

@@ -23,7 +23,7 @@
 // swaps the matrix calls for the `emu_*` functions of the last section, which keep to that
 // ownership (its scratch is private).
 //
-// Host constants: D (16, 32, ..., 128), DT = D / 16, SD4 = (D + 8) / 4.
+// Host constant: D (16, 32, ..., 128).
 
 struct Params {
     batch: u32,
@@ -54,8 +54,10 @@ struct Params {
 const BQ: u32 = 64u;
 const BK: u32 = 32u;
 const NT: u32 = 128u;
-const SP4: u32 = 10u; // (BK + 8) / 4
+const SP4: u32 = (BK + 8u) / 4u;
 const D4: u32 = D / 4u;
+const DT: u32 = D / 16u; // 16-wide blocks of D: O's accumulators, Q K^T's K steps
+const SD4: u32 = (D + 8u) / 4u; // row stride of the Q, K, V tiles in vec4<f16>
 
 var<workgroup> sq: array<vec4<f16>, BQ * SD4>;
 var<workgroup> sk: array<vec4<f16>, BK * SD4>;
@@ -203,9 +205,8 @@ fn attention(
         scores(sg);
         for (var e = 0u; e < 8u; e++) {
             let ka = k0 + c0 + e;
-            let kb2 = ka + 16u;
             m = max(m, select(NEG, scratch[srow + c0 + e], ka < lim));
-            m = max(m, select(NEG, scratch[srow + 16u + c0 + e], kb2 < lim));
+            m = max(m, select(NEG, scratch[srow + 16u + c0 + e], ka + 16u < lim));
         }
     }
     m = max(m, partner(tid, m));

@@ -913,12 +913,7 @@ pub(crate) fn qmatvec_fused(
     if n == 0 || n > MATVEC_MAX_N || opts.kernel == Some(QKernel::Tiled) {
         return Ok(None);
     }
-    // Workgroups of the product per x row (see qmatmul_with): the prologues' rules judge by it.
-    // (Judged with f32 x's units: the prologues read f32 x.)
-    let units = matvec_units(w.ggml_type(), w.cols(), false);
-    let layout =
-        MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, pro.staging(), opts.threads_per_row)?;
-    let groups = layout.groups(paired_out_rows(w.rows(), epi));
+    let groups = prologue_groups(w, epi, pro.staging(), &opts)?;
     if let Prologue::Combine(pa) = pro {
         if !combine_fits(w, pa.shape, pa.n_splits, &ctx, epi, &opts, groups) {
             return Ok(None);
@@ -1021,6 +1016,14 @@ fn combine_fits(
     reread <= COMBINE_PROLOGUE_MAX_BYTES
 }
 
+/// Workgroups per x row of a fused product (see qmatmul_with), by which the prologues' rules
+/// judge it; with f32 x's units, since the prologues read f32 x.
+fn prologue_groups(w: &QTensor, epi: Epilogue<'_>, staging: Staging, opts: &QOptions) -> Result<usize> {
+    let units = matvec_units(w.ggml_type(), w.cols(), false);
+    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, staging, opts.threads_per_row)?;
+    Ok(layout.groups(paired_out_rows(w.rows(), epi)))
+}
+
 /// Whether `QTensor::qmatmul_add_combined` on W would merge attention partials of `shape`
 /// [B, H, Tq, D] split `n_splits` ways in its prologue (one dispatch), rather than through the
 /// combine dispatch: asked before the attention runs, to choose how it splits.
@@ -1030,12 +1033,10 @@ pub(crate) fn combine_prologue_takes(w: &QTensor, shape: [usize; 4], n_splits: u
     if n == 0 || n > MATVEC_MAX_N || n_splits < 2 {
         return Ok(false);
     }
-    // The layout of that product (as qmatvec_fused works it out; its residual epilogue lays
-    // rows out as Store does).
-    let units = matvec_units(w.ggml_type(), w.cols(), false);
-    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, Epilogue::Store, Staging::Combine, None)?;
-    let groups = layout.groups(w.rows());
-    Ok(combine_fits(w, shape, n_splits, &ctx, Epilogue::Store, &QOptions::default(), groups))
+    // That product's workgroups (its residual epilogue lays rows out as Store does).
+    let opts = QOptions::default();
+    let groups = prologue_groups(w, Epilogue::Store, Staging::Combine, &opts)?;
+    Ok(combine_fits(w, shape, n_splits, &ctx, Epilogue::Store, &opts, groups))
 }
 
 /// [`qmatmul`] with the kernel choice and binding limit of `opts` (tests, benchmarks). Shapes

@@ -428,7 +428,7 @@ fn q8_matvec_matches_cpu_q8() {
 }
 
 /// A fused product without a prologue on a matrix of at least `Q8_OWN_DISPATCH_MIN_BYTES`
-/// (the 8B's down projection: `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own
+/// (the 8B's output and down projections: `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own
 /// when the matrix asks for Q8 math: against the CPU's Q8 product, and different from the
 /// exact GPU product; a smaller one stays exact.
 #[test]
@@ -742,6 +742,15 @@ fn env_list(name: &str) -> Option<Vec<String>> {
     std::env::var(name).ok().map(|v| v.split(',').map(str::to_string).collect())
 }
 
+/// `QBENCH_SHAPES=ROWSxCOLS,...`: the shapes a bench runs instead of its own.
+fn env_shapes() -> Option<Vec<(usize, usize)>> {
+    let parse = |s: &String| {
+        let (r, c) = s.split_once('x').unwrap_or_else(|| panic!("QBENCH_SHAPES: {s} is not ROWSxCOLS"));
+        (r.parse().expect("rows"), c.parse().expect("cols"))
+    };
+    env_list("QBENCH_SHAPES").map(|v| v.iter().map(parse).collect())
+}
+
 /// Decode and prefill throughput on the first GPU: GB/s of weights for n = 1 (the floor is the
 /// device's copy bandwidth), GFLOP/s for n = 512. `QBENCH_TYPES=Q4_0,Q4_K` picks types,
 /// `QBENCH_TPR=16,32,64` sweeps the matvec's invocations per row, `QBENCH_SHAPES=2048x8192,...`
@@ -769,16 +778,7 @@ fn bench() {
     let tprs = list("QBENCH_TPR");
     let q8s = list("QBENCH_Q8");
     let rotate = std::env::var("QBENCH_ROTATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
-    let shapes: Vec<(usize, usize)> = match env_list("QBENCH_SHAPES") {
-        Some(v) => v
-            .iter()
-            .map(|s| {
-                let (r, c) = s.split_once('x').unwrap_or_else(|| panic!("QBENCH_SHAPES: {s} is not ROWSxCOLS"));
-                (r.parse().expect("rows"), c.parse().expect("cols"))
-            })
-            .collect(),
-        None => vec![(576, 1536), (4096, 4096), (14336, 4096), (32000, 4096)],
-    };
+    let shapes = env_shapes().unwrap_or_else(|| vec![(576, 1536), (4096, 4096), (14336, 4096), (32000, 4096)]);
     for ty in TYPES {
         if types.as_ref().is_some_and(|o| !o.iter().any(|t| t == ty.name())) {
             continue;
@@ -1220,7 +1220,8 @@ fn coop_kernel_validates_with_naga() {
 
 /// Prefill speed of the tiled and coop kernels at n = 512 on the first GPU, for the shapes of
 /// the target models (SmolLM2-135M, a 1B and an 8B llama): GFLOP/s per kernel and coop tile.
-/// `QBENCH_TYPES=Q4_0,F16` picks types.
+/// `QBENCH_TYPES=Q4_0,F16` picks types, `QBENCH_SHAPES=6144x4096,...` the shapes (rows x cols),
+/// `QBENCH_N=2048` the x rows (512).
 /// `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture coop_prefill_speed`
 #[test]
 #[ignore]
@@ -1234,21 +1235,23 @@ fn coop_prefill_speed() {
     };
     eprintln!("device: {}", d.name());
     let types = env_list("QBENCH_TYPES");
-    let shapes: [(usize, usize); 12] = [
-        (576, 576),
-        (960, 576),
-        (3072, 576),
-        (576, 1536),
-        (3072, 2048),
-        (2048, 2048),
-        (16384, 2048),
-        (2048, 8192),
-        (6144, 4096),
-        (4096, 4096),
-        (28672, 4096),
-        (4096, 14336),
-    ];
-    let n = 512;
+    let shapes = env_shapes().unwrap_or_else(|| {
+        vec![
+            (576, 576),
+            (960, 576),
+            (3072, 576),
+            (576, 1536),
+            (3072, 2048),
+            (2048, 2048),
+            (16384, 2048),
+            (2048, 8192),
+            (6144, 4096),
+            (4096, 4096),
+            (28672, 4096),
+            (4096, 14336),
+        ]
+    });
+    let n = std::env::var("QBENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(512usize);
     for ty in
         [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::F16]
     {
@@ -1259,7 +1262,7 @@ fn coop_prefill_speed() {
             eprintln!("{why}");
             return;
         }
-        for (rows, cols) in shapes {
+        for &(rows, cols) in &shapes {
             if cols % ty.block_size() != 0 {
                 continue; // K-quants need rows of whole 256-weight blocks
             }

@@ -861,12 +861,14 @@ pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
     opts.x_q8.unwrap_or(w.cpu_math() == CpuMath::Q8) && has_q8_units(w.ggml_type())
 }
 
-/// The weight bytes from which a fused product without a prologue (the down projection's
-/// `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own. H100, tg128, a rounding
-/// dispatch before such products vs none (one binary, a switch): 8B Q4_0 (down 33 MB) GPU pass
-/// 4.157 -> 4.009 / 4.035 ms per token; 1B Q4_0 (down 9.4 MB) 986 -> 974 tok/s. Between those
-/// two sizes the threshold is a guess.
-pub const Q8_OWN_DISPATCH_MIN_BYTES: u64 = 24 << 20;
+/// The weight bytes from which a fused product without a prologue (the output projection's and
+/// the down projection's `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own: the
+/// dispatch costs ~4 µs, the integer products save ~0.6 µs per MB of weights over f32 x. H100,
+/// GPU pass per decode step, thresholds 24 MiB / 8 MiB / 0 (one binary, alternated twice,
+/// BENCHMARKS.md thirteenth session): 8B Q4_0 (wo 9.4 MB, down 33 MB) 2.832 / 2.778 / 2.777
+/// ms; 1B Q4_0 (wo 2.4 MB, down 9.4 MB) 0.820 / 0.798 / 0.798 ms. (In the eighth session, with
+/// slower Q8 units, the 1B's down lost with it: 986 -> 974 tok/s.)
+pub const Q8_OWN_DISPATCH_MIN_BYTES: u64 = 8 << 20;
 
 /// The types with Q8 unit functions (matvec_q8.wgsl; listed here, not taken from the CPU's
 /// Q8 list, which may grow apart). The k-quants round x to 32-element blocks here, while the

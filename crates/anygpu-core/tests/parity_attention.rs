@@ -224,6 +224,105 @@ fn short_caches_are_walked_whole() {
     }
 }
 
+/// The rounding `q8_rows_are_the_output_rounded` expects of one x row: per 32-element block
+/// (bytes, d, s) as round_q8.wgsl stores them (q = round half to even of x * 127 / max|x|, d =
+/// max|x| / 127 and s = d * sum(q) through f16).
+fn q8_row_reference(x: &[f32]) -> Vec<(Vec<i32>, f32, f32)> {
+    x.chunks(32)
+        .map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let q: Vec<i32> = b.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
+            let d = amax / 127.0;
+            let s = d * q.iter().sum::<i32>() as f32;
+            (q, half::f16::from_f32(d).to_f32(), half::f16::from_f32(s).to_f32())
+        })
+        .collect()
+}
+
+/// `Tensor::attention_q8` (the decode step's attention rounding its output for the output
+/// projection): its f32 rows are the attention's [B * Tq, Hq * D] (against the CPU), its words
+/// are those rows rounded to 8-bit blocks (against a host rounding of the rows it returned:
+/// bytes within 1 of the reference, for the GPU's division, d and s to f16's precision), and
+/// the product of those words equals, bit for bit, the product that rounds the same rows in a
+/// dispatch of its own. Unsplit (short caches) and split (its merge rounds), several rows,
+/// batches, head dims 32-128, cache views. Devices without subgroups of 8 return None.
+#[test]
+fn q8_rows_are_the_output_rounded() {
+    use anygpu_core::quant::gpu::QOptions;
+    use anygpu_core::quant::{quantize_into, CpuMath, GgmlType, QTensor};
+    let _serial = serial();
+    // (B, Hq, Hkv, Tq, Tk, capacity, D)
+    let cases = [
+        (1usize, 8usize, 2usize, 1usize, 37usize, 37usize, 64usize),
+        (1, 8, 2, 1, 300, 300, 64),
+        (1, 4, 4, 3, 50, 50, 32),
+        (2, 4, 2, 1, 20, 20, 32),
+        (1, 32, 8, 1, 129, 160, 128),
+        (1, 32, 8, 1, 1000, 2048, 128),
+    ];
+    for (b, hq, hkv, tq, tk, cap, d) in cases {
+        let name = format!("attention_q8 B{b} Hq{hq} Hkv{hkv} Tq{tq} Tk{tk} of {cap} D{d}");
+        let opts = AttentionOpts::new(d, true);
+        let inputs = |dev: &Device| -> Result<(Tensor, Tensor, Tensor)> {
+            let q = t(41, &[b, hq, tq, d], dev);
+            let k = t(42, &[b, hkv, cap, d], dev).narrow(2, 0, tk)?;
+            let v = t(43, &[b, hkv, cap, d], dev).narrow(2, 0, tk)?;
+            Ok((q, k, v))
+        };
+        let (q, k, v) = inputs(&Device::Cpu).unwrap();
+        let want = q.attention(&k, &v, &opts).unwrap().permute(&[0, 2, 1, 3]).unwrap().to_vec_f32().unwrap();
+        let (rows, cols) = (b * tq, hq * d);
+        let wq = rand_vec(44, 96 * cols);
+        let mut wbytes = Vec::new();
+        quantize_into(GgmlType::Q4_0, &wq, &mut wbytes).unwrap();
+        for dev in gpu_devices() {
+            let ctx = dev.gpu().expect("a GPU device");
+            let (q, k, v) = inputs(dev).unwrap();
+            let got = q.attention_q8(&k, &v, &opts).unwrap_or_else(|e| panic!("{name} on {}: {e}", dev.name()));
+            let Some(r) = got else {
+                assert!(
+                    !ctx.caps.subgroup || ctx.caps.subgroup_min_size < 8,
+                    "{name} on {}: no Q8 rows where subgroups of 8 exist",
+                    dev.name()
+                );
+                continue;
+            };
+            let x = r.x().to_vec_f32().unwrap();
+            assert_eq!(r.x().dims(), &[rows, cols], "{name}: x shape");
+            check_close(&name, &x, &want, 2e-5, 2e-4).unwrap_or_else(|m| panic!("{m} on {}", dev.name()));
+            let words: Vec<u32> = r.words().to_vec().unwrap();
+            assert_eq!(words.len(), rows * cols / 4 + rows * cols / 16, "{name}: words");
+            let (bytes, ds) = words.split_at(rows * cols / 4);
+            for (row, xr) in x.chunks(cols).enumerate() {
+                for (blk, (rq, rd, rs)) in q8_row_reference(xr).into_iter().enumerate() {
+                    let at = row * cols / 32 + blk;
+                    let gq: Vec<i32> = bytes[at * 8..at * 8 + 8]
+                        .iter()
+                        .flat_map(|w| w.to_le_bytes().map(|c| c as i8 as i32))
+                        .collect();
+                    let near = gq.iter().zip(&rq).all(|(g, w)| (g - w).abs() <= 1);
+                    let (gd, gs) = (f32::from_bits(ds[2 * at]), f32::from_bits(ds[2 * at + 1]));
+                    assert!(
+                        near && (gd - rd).abs() <= 1e-3 * rd.abs() && (gs - rs).abs() <= 2e-3 * rs.abs().max(gd * 4.0),
+                        "{name} on {}: row {row} block {blk}: bytes {gq:?} vs {rq:?}, d {gd} vs {rd}, s {gs} vs {rs}",
+                        dev.name()
+                    );
+                }
+            }
+            // The product of the rounded rows, as the output projection's.
+            let w =
+                QTensor::from_vec(GgmlType::Q4_0, 96, cols, wbytes.clone(), dev).unwrap().with_cpu_math(CpuMath::Q8);
+            let resid = t(45, &[rows, 96], dev);
+            let y = w.qmatmul_add_q8(&r, &resid).unwrap().to_vec_f32().unwrap();
+            let opts8 = QOptions { x_q8: Some(true), ..Default::default() };
+            let y_own = w.qmatmul_add_opts(r.x(), &resid, opts8).unwrap().to_vec_f32().unwrap();
+            assert!(w.takes_q8_rows(), "{name}: a Q8 matrix takes the rows");
+            assert_eq!(y, y_own, "{name} on {}: product of the attention's words vs of its own rounding", dev.name());
+        }
+    }
+}
+
 #[test]
 fn forced_splits_and_tiles() {
     let _serial = serial();

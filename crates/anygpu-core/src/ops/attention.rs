@@ -32,6 +32,7 @@ use super::elementwise::buf;
 use super::{gpu_of, same_device, to_u32};
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, GpuContext, KernelSpec, Pipeline};
+use crate::quant::gpu::Q8Rows;
 use crate::tensor::{CpuStorage, DType, Tensor};
 
 const OP: &str = "attention";
@@ -595,7 +596,67 @@ fn kv_loaders(f16: bool, vec: bool) -> (&'static str, &'static str) {
 }
 
 /// The attention kernel specialised for head dim, tiles, K/V dtype and alignment.
-fn attention_pipeline(ctx: &GpuContext, s: &Dims, tiles: AttentionTiles, k: &Tensor, v: &Tensor) -> Result<Pipeline> {
+/// The end of attention.wgsl under `Tensor::attention_q8` (one split: the rows are whole): each
+/// output row read back once the workgroup has written it, and rounded to 8-bit blocks of the
+/// output projection's x [B * Tq, Hq * D] (round_q8.wgsl's layout: a row's bytes, then every
+/// block's (d, s) after all rows' bytes). Invocation t takes vec4 e = t + k NT of the
+/// workgroup's BQ rows, so a block's eight vec4s are eight aligned lanes (D a multiple of 32, NT
+/// of 8, subgroups of at least 8: checked by the host); the trip count is the same for all.
+const ROUND_Q8_ATTENTION: &str = "    storageBarrier();
+    {
+    let qc4 = p.hkv * p.g * (D / 4u);
+    let n4 = BQ * (D / 4u);
+    for (var k = 0u; k < (n4 + NT - 1u) / NT; k++) {
+        let e = t + k * NT;
+        let vr = row0 + e / (D / 4u);
+        let live = e < n4 && vr < p.rows;
+        let h = hk * p.g + vr / p.tq;
+        let i = vr % p.tq;
+        let c4 = e % (D / 4u);
+        var v = vec4<f32>(0.0);
+        if (live) {
+            let o = bi * p.os.x + h * p.os.y + i * p.os.z + c4 * 4u;
+            v = vec4<f32>(ob[o], ob[o + 1u], ob[o + 2u], ob[o + 3u]);
+        }
+        let xr = bi * p.tq + i;
+        let w = h * (D / 4u) + c4;
+        q8_round_lanes(v, xr * qc4 + w, p.batch * p.tq * qc4 + 2u * (xr * (qc4 / 8u) + w / 8u), live, (e & 7u) == 0u);
+    }
+    }";
+
+/// The end of attention_combine.wgsl under `Tensor::attention_q8`: the merged row read back
+/// and rounded as ROUND_Q8_ATTENTION rounds (one vec4 per invocation: D / 4 <= 256).
+const ROUND_Q8_COMBINE: &str = "    storageBarrier();
+    {
+    let qc4 = p.hq * (p.d / 4u);
+    let live = lid < p.d / 4u;
+    var v = vec4<f32>(0.0);
+    if (live) {
+        v = vec4<f32>(out[orow + 4u * lid], out[orow + 4u * lid + 1u], out[orow + 4u * lid + 2u], out[orow + 4u * lid + 3u]);
+    }
+    let xr = (bh / p.hq) * p.tq + i;
+    let w = (bh % p.hq) * (p.d / 4u) + lid;
+    q8_round_lanes(v, xr * qc4 + w, (p.rows / p.hq) * qc4 + 2u * (xr * (qc4 / 8u) + w / 8u), live, (lid & 7u) == 0u);
+    }";
+
+/// The header of a kernel that rounds its output (`Tensor::attention_q8`): the words' binding,
+/// the lane reductions and the rounding functions.
+fn round_q8_header(ctx: &GpuContext, binding: u32) -> String {
+    format!(
+        "@group(0) @binding({binding}) var<storage, read_write> xq: array<u32>;\n{}\n{}",
+        crate::quant::gpu::lane_reductions_wgsl(ctx),
+        crate::quant::gpu::ROUND_Q8_WGSL
+    )
+}
+
+fn attention_pipeline(
+    ctx: &GpuContext,
+    s: &Dims,
+    tiles: AttentionTiles,
+    k: &Tensor,
+    v: &Tensor,
+    q8: bool,
+) -> Result<Pipeline> {
     let u = |x: usize| to_u32(OP, x);
     let ts = tiles.strides(s.d);
     let kv_f16 = k.dtype() == DType::F16;
@@ -608,14 +669,15 @@ fn attention_pipeline(ctx: &GpuContext, s: &Dims, tiles: AttentionTiles, k: &Ten
     let ld = (tiles.bk as u64 * ts.kw4).div_ceil(tiles.nt() as u64) as u32;
     let spec = KernelSpec::new(
         format!(
-            "attention_d{}_{}x{}_{}x{}{}{}",
+            "attention_d{}_{}x{}_{}x{}{}{}{}",
             s.d,
             tiles.bq,
             tiles.bk,
             tiles.tr,
             tiles.ct,
             if kv_f16 { "_f16kv" } else { "" },
-            if kv_vec { "_vec" } else { "" }
+            if kv_vec { "_vec" } else { "" },
+            if q8 { "_q8" } else { "" }
         ),
         include_str!("attention.wgsl"),
         "attention",
@@ -632,7 +694,8 @@ fn attention_pipeline(ctx: &GpuContext, s: &Dims, tiles: AttentionTiles, k: &Ten
     .constant_u32("KS4", ts.ks4 as u32)
     .constant_u32("SS4", ts.ss4 as u32)
     .constant_u32("CT4", tiles.ct / 4)
-    .with(&format!("const KV_VEC: bool = {kv_vec};"));
+    .with(&format!("const KV_VEC: bool = {kv_vec};"))
+    .with(&if q8 { round_q8_header(ctx, 5) } else { String::new() });
     let (kv_t, kv_at) = kv_loaders(kv_f16, kv_vec);
     // Unrolling the head dim helps real GPUs; on GL and software rasterizers it costs compile
     // time (llvmpipe: seconds per kernel variant).
@@ -643,6 +706,7 @@ fn attention_pipeline(ctx: &GpuContext, s: &Dims, tiles: AttentionTiles, k: &Ten
         ("KV_AT", kv_at),
         ("D4_LOOP", if slow_compiler { "p.d4" } else { "D4" }),
         ("NK4_LOOP", if slow_compiler { "nk4" } else { "BK / 4u" }),
+        ("ROUND_Q8", if q8 { ROUND_Q8_ATTENTION } else { "" }),
     ];
     repl.extend(blocks.iter().map(|(k, v)| (*k, v.as_str())));
     ctx.pipeline(&spec, &repl)
@@ -751,11 +815,18 @@ impl AttentionPartials {
     /// [`Tensor::attention`]'s), one dispatch.
     pub fn combine(&self) -> Result<Tensor> {
         let out = gpu_output(self.shape, self.part.device())?;
+        self.combine_into(&out, None)?;
+        Ok(out)
+    }
+
+    /// The merge into `out` (from [`gpu_output`]), and with `xq` its rows rounded to 8-bit
+    /// blocks there as well (`Tensor::attention_q8`).
+    fn combine_into(&self, out: &Tensor, xq: Option<&Tensor>) -> Result<()> {
         let ctx = gpu_of(OP, &self.part)?;
         let u = |x: usize| to_u32(OP, x);
         let n_out = out.numel();
         if n_out == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let rows = self.shape[0] * self.shape[1] * self.shape[2];
         let cparams = CombineParams {
@@ -767,20 +838,21 @@ impl AttentionPartials {
             hq: u(self.shape[1])?,
             keys: u(self.keys)?,
             split_len: u(self.split_len.max(1))?,
-            os: out_strides(&out)?,
+            os: out_strides(out)?,
         };
-        let combine = ctx.pipeline(
-            &KernelSpec::new("attention_combine", include_str!("attention_combine.wgsl"), "attention_combine"),
-            &[],
-        )?;
-        ctx.dispatch(
-            &combine,
-            "attention_combine",
-            bytemuck::bytes_of(&cparams),
-            &[Bind::Whole(buf(&self.part)?), Bind::Whole(buf(&out)?)],
-            ctx.grid_1d(u(rows)?),
-        )?;
-        Ok(out)
+        let source = include_str!("attention_combine.wgsl");
+        let spec = match xq {
+            Some(_) => {
+                KernelSpec::new("attention_combine_q8", source, "attention_combine").with(&round_q8_header(&ctx, 3))
+            }
+            None => KernelSpec::new("attention_combine", source, "attention_combine"),
+        };
+        let combine = ctx.pipeline(&spec, &[("ROUND_Q8", if xq.is_some() { ROUND_Q8_COMBINE } else { "" })])?;
+        let mut binds = vec![Bind::Whole(buf(&self.part)?), Bind::Whole(buf(out)?)];
+        if let Some(xq) = xq {
+            binds.push(Bind::Whole(buf(xq)?));
+        }
+        ctx.dispatch(&combine, "attention_combine", bytemuck::bytes_of(&cparams), &binds, ctx.grid_1d(u(rows)?))
     }
 }
 
@@ -792,6 +864,7 @@ struct Plan {
     pipeline: Pipeline,
     n_wg: u32,
     splits: usize,
+    tiles: AttentionTiles,
 }
 
 /// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
@@ -886,9 +959,9 @@ fn plan(
         // The strides `gpu_output` gives (the partials ignore them).
         os: [u(s.hq * s.tq * s.d)?, u(s.d)?, u(s.hq * s.d)?, 1],
     };
-    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v)?;
+    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v, false)?;
     let n_wg = u(splits * base_wgs)?;
-    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits }))
+    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, tiles }))
 }
 
 impl Plan {
@@ -897,6 +970,20 @@ impl Plan {
     fn dispatch(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Result<()> {
         let binds = [Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(out)?)];
         self.ctx.dispatch(&self.pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
+    }
+
+    /// One split writing the output rows into `out` and their rounding into `xq` (the kernel's
+    /// ROUND_Q8 variant).
+    fn dispatch_q8(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, xq: &Tensor) -> Result<()> {
+        let pipeline = attention_pipeline(&self.ctx, &self.s, self.tiles, k, v, true)?;
+        let binds = [
+            Bind::Whole(buf(q)?),
+            Bind::Whole(buf(k)?),
+            Bind::Whole(buf(v)?),
+            Bind::Whole(buf(out)?),
+            Bind::Whole(buf(xq)?),
+        ];
+        self.ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
     }
 
     /// The first pass of a split call into a new partials tensor.
@@ -944,6 +1031,45 @@ pub fn gpu_attention_tuned(
     plan.partials(q, k, v)?.combine()
 }
 
+/// `ANYGPU_ATTN_Q8=0` (read once): [`gpu_attention_q8`] declines, so the output projection
+/// rounds x in a dispatch of its own again (for comparisons).
+fn q8_rows_off() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("ANYGPU_ATTN_Q8").is_ok_and(|v| v == "0"))
+}
+
+/// The attention output as the x rows of the next product, f32 [B * Tq, Hq * D], together with
+/// their rounding to 8-bit blocks written by the same dispatch (the kernel's last step, or the
+/// split merge's): the decode step's output projection then needs no rounding dispatch of its
+/// own (`QTensor::qmatmul_add_q8`). `None`, with nothing dispatched, where this does not apply:
+/// more than `MATVEC_MAX_N` rows (the Q8 matvec's limit), D not a multiple of 32 (blocks would
+/// straddle heads), a device without subgroups of at least 8 (a block's max and sum meet in
+/// shuffles), a tile whose invocations are not a multiple of 8, no keys.
+pub fn gpu_attention_q8(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Option<Q8Rows>> {
+    let s = check(q, k, v)?;
+    let ctx = gpu_of(OP, q)?;
+    if q8_rows_off()
+        || s.b * s.tq > crate::quant::gpu::MATVEC_MAX_N
+        || !s.d.is_multiple_of(32)
+        || !ctx.caps.subgroup
+        || ctx.caps.subgroup_min_size < 8
+    {
+        return Ok(None);
+    }
+    let Some(plan) = plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch)? else { return Ok(None) };
+    if plan.splits == 1 && !plan.tiles.nt().is_multiple_of(8) {
+        return Ok(None);
+    }
+    let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
+    let rows = Q8Rows::for_x(out.permute(&[0, 2, 1, 3])?.reshape([s.b * s.tq, s.hq * s.d])?)?;
+    if plan.splits == 1 {
+        plan.dispatch_q8(q, k, v, &out, rows.words())?;
+    } else {
+        plan.partials(q, k, v)?.combine_into(&out, Some(rows.words()))?;
+    }
+    Ok(Some(rows))
+}
+
 /// The attention's first pass alone when it splits the keys (see [`AttentionPartials`]);
 /// `None`, with nothing dispatched, when it would not split (then [`gpu_attention`] runs it
 /// whole), when there are no keys or when the output is empty.
@@ -985,6 +1111,19 @@ impl Tensor {
         same_device(OP, self, k)?;
         same_device(OP, self, v)?;
         self.device().backend().attention(self, k, v, opts)
+    }
+
+    /// The attention output as the next product's x rows [B * Tq, Hq * D], rounded to 8-bit
+    /// blocks in the same dispatch as well, on a GPU: see [`gpu_attention_q8`]. `None`, with
+    /// nothing dispatched, on the CPU and where it does not apply: then run
+    /// [`Tensor::attention`].
+    pub fn attention_q8(&self, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Option<Q8Rows>> {
+        same_device(OP, self, k)?;
+        same_device(OP, self, v)?;
+        if self.device().gpu().is_none() {
+            return Ok(None);
+        }
+        gpu_attention_q8(self, k, v, opts)
     }
 
     /// The attention's first pass alone, when it runs on a GPU and splits the keys

@@ -36,7 +36,9 @@
 // V rows are 4-element aligned with unit stride: loaded a vec4 at a time). Replaced in the
 // source: KV_T, the K/V element type (f32, or f16 packed two per u32 word; vec4<f32> /
 // vec2<u32> under KV_VEC), KV_AT, its loaders k_at / v_at (one element) and k_at4 / v_at4 (4
-// aligned elements), D4_LOOP / NK4_LOOP (loop bounds, see below), and the generated blocks.
+// aligned elements), D4_LOOP / NK4_LOOP (loop bounds, see below), the generated blocks, and
+// ROUND_Q8: nothing, or (unsplit decode for `Tensor::attention_q8`) the output rows read back
+// and rounded to 8-bit blocks for the output projection (ROUND_Q8_ATTENTION in attention.rs).
 // Scores are in the log2 domain: Q is pre-multiplied by scale * log2(e), so exp2 replaces exp.
 
 struct Params {
@@ -306,6 +308,7 @@ fn attention(
 {{L_STORE}}
     workgroupBarrier();
 {{OUTPUT}}
+{{ROUND_Q8}}
 }
 
 // One output row: normalised, or (n_splits > 1) this split's m, l and unnormalised acc.

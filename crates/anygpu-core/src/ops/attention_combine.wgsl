@@ -9,7 +9,9 @@
 // split, as before, took 33.7 µs for an 8B decode step's 32 rows at 64 splits on an H100:
 // each walked 64 dependent steps.) Output row (b, h, i) is written at its strides (attention.rs
 // stores it in [B, Tq, Hq, D] order). The decode step's output projection can do this merge
-// itself: the combine prologue of quant/matvec.wgsl, see x_side in quant/gpu.rs.
+// itself: the combine prologue of quant/matvec.wgsl, see x_side in quant/gpu.rs. ROUND_Q8: the
+// rows also rounded to 8-bit blocks for the output projection (`Tensor::attention_q8`), or
+// nothing.
 
 struct Params {
     rows: u32,
@@ -99,4 +101,5 @@ fn attention_combine(
         }
         workgroupBarrier();
     }
+{{ROUND_Q8}}
 }

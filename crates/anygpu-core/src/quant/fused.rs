@@ -7,7 +7,7 @@
 //! not apply (the CPU, more than `MATVEC_MAX_N` x rows, a paired-row matrix split over several
 //! bindings, partials too large to re-read in every workgroup).
 
-use super::gpu::{qmatvec_fused, Epilogue, Prologue, QOptions, RopeKvEpilogue};
+use super::gpu::{qmatvec_fused, Epilogue, Prologue, Q8Rows, QOptions, RopeKvEpilogue};
 use super::{QStorage, QTensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -35,6 +35,18 @@ pub struct RopeKvStore<'a> {
     /// [Hkv, cap, D] f32, contiguous (views of a larger buffer are fine).
     pub k_cache: &'a mut Tensor,
     pub v_cache: &'a mut Tensor,
+}
+
+/// Fails unless `resid` has the product's shape: x [n, cols] @ W^T is [n, rows], rows last.
+fn check_residual(op: &'static str, w: &QTensor, x: &Tensor, resid: &Tensor) -> Result<()> {
+    let n = x.numel() / w.cols().max(1);
+    if resid.numel() != n * w.rows() || resid.dims().last() != Some(&w.rows()) || resid.dtype() != DType::F32 {
+        return Err(Error::shape(
+            op,
+            format!("residual {} does not match the product [{n}, {}]", resid.shape(), w.rows()),
+        ));
+    }
+    Ok(())
 }
 
 /// The matvec prologue of an optional RMSNorm.
@@ -98,14 +110,7 @@ impl QTensor {
     pub fn qmatmul_add_opts(&self, x: &Tensor, resid: &Tensor, opts: QOptions) -> Result<Tensor> {
         const OP: &str = "qmatmul_add";
         self.check_input(OP, x)?;
-        let n = x.numel() / self.cols().max(1);
-        if resid.numel() != n * self.rows() || resid.dims().last() != Some(&self.rows()) || resid.dtype() != DType::F32
-        {
-            return Err(Error::shape(
-                OP,
-                format!("residual {} does not match the product [{n}, {}]", resid.shape(), self.rows()),
-            ));
-        }
+        check_residual(OP, self, x, resid)?;
         if self.device().gpu().is_some() && resid.device().same(self.device()) {
             if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), Prologue::None, opts)? {
                 return y.reshape(resid.shape().clone());
@@ -120,6 +125,29 @@ impl QTensor {
             Device::Cpu => self.qmatmul(x)?,
         };
         resid.add(&y.reshape(resid.shape().clone())?)
+    }
+
+    /// `resid + x @ W^T` for x that comes rounded to 8-bit blocks by the kernel that wrote it
+    /// (the decode attention: `Tensor::attention_q8`): on a GPU, where the matrix takes Q8 x
+    /// (see [`QTensor::takes_q8_rows`]), the product reads the blocks and no rounding dispatch
+    /// runs; otherwise it is [`QTensor::qmatmul_add`] of the f32 x.
+    pub fn qmatmul_add_q8(&self, x: &Q8Rows, resid: &Tensor) -> Result<Tensor> {
+        if self.takes_q8_rows() && resid.device().same(self.device()) {
+            self.check_input("qmatmul_add_q8", x.x())?;
+            check_residual("qmatmul_add_q8", self, x.x(), resid)?;
+            let opts = QOptions { x_q8: Some(true), ..QOptions::default() };
+            if let Some(y) = qmatvec_fused(self, x.x(), Epilogue::Add(resid), Prologue::Rounded(x), opts)? {
+                return y.reshape(resid.shape().clone());
+            }
+        }
+        self.qmatmul_add(x.x(), resid)
+    }
+
+    /// Whether [`QTensor::qmatmul_add_q8`] reads the rounded rows rather than the f32 ones: on
+    /// a GPU, for a matrix that takes Q8 x (marked `CpuMath::Q8`, of a type with Q8 units). A
+    /// decode step asks before its attention runs.
+    pub fn takes_q8_rows(&self) -> bool {
+        self.device().gpu().is_some() && super::gpu::x_q8(self, &QOptions::default())
     }
 
     /// `resid + x @ W^T` where x is the output of a split attention still in its partials:

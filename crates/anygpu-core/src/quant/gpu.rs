@@ -88,6 +88,9 @@ const MATVEC_ROPE_WGSL: &str = include_str!("matvec_rope.wgsl");
 const MATVEC_COMBINE_WGSL: &str = include_str!("matvec_combine.wgsl");
 const MATVEC_Q8_WGSL: &str = include_str!("matvec_q8.wgsl");
 const QUANTIZE_Q8_WGSL: &str = include_str!("quantize_q8.wgsl");
+/// The rounding to 8-bit blocks (`q8_round`, `q8_store`, `q8_round_lanes`), for kernels with a
+/// binding `xq` (see the file).
+pub(crate) const ROUND_Q8_WGSL: &str = include_str!("round_q8.wgsl");
 const MATMUL_WGSL: &str = include_str!("matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("gather.wgsl");
 
@@ -114,7 +117,7 @@ pub const NORM_PROLOGUE_MAX_COLS: usize = 2048;
 /// has SUBGROUP) over up to 32 lanes where every subgroup has at least that many, else the
 /// identity (SGW = 1). H100, SmolLM2 decode (row sums, the RMSNorm prologue and the combine
 /// prologue's max and sum): GPU time per token 1.015 -> 0.971 ms, tg128 961 -> 1,015 tok/s.
-fn lane_reductions_wgsl(ctx: &GpuContext) -> &'static str {
+pub(crate) fn lane_reductions_wgsl(ctx: &GpuContext) -> &'static str {
     macro_rules! shuffles {
         ($w:literal) => {
             concat!(
@@ -522,6 +525,9 @@ pub(crate) enum Prologue<'a> {
     /// are bound in its place (matvec_combine.wgsl). Checked by `qmatvec_fused`: H * D = cols,
     /// D a multiple of 4, H <= 256, at most `MATVEC_MAX_N` x rows in one dispatch.
     Combine(&'a AttentionPartials),
+    /// x rounded to 8-bit blocks already, by the kernel that wrote it (`Q8Rows`): the Q8
+    /// matvec reads the blocks, no rounding dispatch (x itself, f32, is passed for the shapes).
+    Rounded(&'a Q8Rows),
 }
 
 impl Prologue<'_> {
@@ -531,6 +537,7 @@ impl Prologue<'_> {
             Prologue::RmsNorm(..) => Staging::RmsNorm,
             Prologue::ScaledNorm(..) => Staging::None,
             Prologue::Combine(_) => Staging::Combine,
+            Prologue::Rounded(_) => Staging::None,
         }
     }
     fn name(&self) -> &'static str {
@@ -539,6 +546,7 @@ impl Prologue<'_> {
             Prologue::RmsNorm(..) => "_norm",
             Prologue::ScaledNorm(..) => "_snorm",
             Prologue::Combine(_) => "_comb",
+            Prologue::Rounded(_) => "",
         }
     }
 }
@@ -1236,12 +1244,41 @@ fn quantize_x_q8(
         // Unread without the norm: x's binding stands in.
         None => window(xbuf.buffer(), x.layout().offset as u64 * 4, (n * cols) as u64 * 4).0,
     };
-    let spec = KernelSpec::new("quantize_q8", QUANTIZE_Q8_WGSL, "quantize").with(lane_reductions_wgsl(ctx));
+    let spec = KernelSpec::new("quantize_q8", QUANTIZE_Q8_WGSL, "quantize")
+        .with(lane_reductions_wgsl(ctx))
+        .with(ROUND_Q8_WGSL);
     let pipeline = ctx.pipeline(&spec, &[])?;
     let binds = [xbind, Bind::Slice(out.buffer(), 0, (words * 4) as u64), gbind];
     let grid = [to_u32(OP, cols.div_ceil(1024))?, to_u32(OP, n)?, 1];
     ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, grid)?;
     Ok((out, words))
+}
+
+/// x [n, cols] (f32) together with its rounding to 8-bit blocks, made by the kernel that wrote
+/// x (the decode attention: `Tensor::attention_q8`), so that a product whose matrix takes Q8 x
+/// reads the blocks without a rounding dispatch of its own (`QTensor::qmatmul_add_q8`). The
+/// words are laid out as quantize_q8.wgsl writes them (round_q8.wgsl): n * cols / 4 words of
+/// bytes, then n * cols / 16 words of the blocks' (d, s).
+pub struct Q8Rows {
+    pub(crate) x: Tensor,
+    pub(crate) q: Tensor,
+}
+
+impl Q8Rows {
+    /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
+    pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
+        let words = x.numel() / 4 + x.numel() / 16;
+        let q = Tensor::gpu_empty(vec![words], DType::U32, x.device())?;
+        Ok(Q8Rows { x, q })
+    }
+    /// x, f32 [n, cols].
+    pub fn x(&self) -> &Tensor {
+        &self.x
+    }
+    /// The rounded rows, u32 words (see the type's docs).
+    pub fn words(&self) -> &Tensor {
+        &self.q
+    }
 }
 
 fn qmatmul_with(
@@ -1345,9 +1382,16 @@ fn qmatmul_with(
         && has_q8_units(ty)
         && n <= MATVEC_MAX_N
         && n_per == n;
+    // x rounded already by its producer (read only under q8; otherwise the f32 x is).
+    let rounded = match pro {
+        Prologue::Rounded(r) if q8 => {
+            Some(r.q.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "Q8 rows not on a GPU"))?)
+        }
+        _ => None,
+    };
     // The rounding's norm; the matvec then has no prologue.
     let q8_norm = norm.filter(|_| q8);
-    let (pro, norm) = if q8 { (Prologue::None, None) } else { (pro, norm) };
+    let (pro, norm) = if q8 || matches!(pro, Prologue::Rounded(_)) { (Prologue::None, None) } else { (pro, norm) };
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
@@ -1420,7 +1464,9 @@ fn qmatmul_with(
     let norm_w = norm.map(|(g, _)| norm_weight(OP, g, cols, &x)).transpose()?;
     // Dispatched once the product's pipeline exists (a kernel that fails to compile leaves no
     // stray dispatch behind).
-    let xq = if q8 { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
+    let xq_own = if q8 && rounded.is_none() { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
+    let words = n * cols / 4 + n * cols / 16;
+    let xq = xq_own.as_ref().map(|(b, w)| (b, *w)).or(rounded.map(|b| (b, words)));
     // The coop kernel's x as f16 (see coop::XAccess::Half).
     let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
         true => Some(super::coop::x_to_f16(&ctx, &x)?),

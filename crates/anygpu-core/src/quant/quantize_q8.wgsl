@@ -1,7 +1,8 @@
 // x [n, cols] f32 -> 8-bit blocks of 32 for the Q8 matvec (matvec_q8.wgsl), optionally
 // RMS-normalised and scaled by the norm weight g first (the rms_norm kernel's math), rounded as
-// the CPU's Q8 path (q8.rs) and llama.cpp's quantize_row_q8_1 round: d = max|x| / 127, q =
-// round_half_even(x * 127 / max|x|), d and s = d * sum(q) rounded to f16.
+// the CPU's Q8 path (q8.rs) and llama.cpp's quantize_row_q8_1 round (round_q8.wgsl, which the
+// host appends: d = max|x| / 127, q = round_half_even(x * 127 / max|x|), d and s = d * sum(q)
+// rounded to f16).
 // Workgroups: 1024 elements of one x row each (the matvec takes at most 16 rows).
 // Output words: x row r's bytes at xq[r * cols / 4 ..] (block b: words 8b .. 8b + 8, four
 // bytes each, in order), then the blocks' (d, s) as f32 bits at xq[p.ds_off + 2 (r blocks +
@@ -86,9 +87,7 @@ fn quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         }
         workgroupBarrier();
     }
-    let id = select(0.0, 127.0 / amax, amax != 0.0);
-    // WGSL's round() breaks ties to even, as the CPU's round_ties_even.
-    let q = clamp(vec4<i32>(round(v * id)), vec4<i32>(-127), vec4<i32>(127));
+    let q = q8_round(v, amax);
     var sum = f32(q.x + q.y + q.z + q.w);
     if (SGW >= 8u) {
         sum = lanes_sum(sum, 8u);
@@ -102,13 +101,6 @@ fn quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         workgroupBarrier();
     }
     if (live) {
-        xq[r * (p.cols / 4u) + i] = pack4xI8(q);
-        if (lid == first) {
-            let d = amax / 127.0;
-            let ds = unpack2x16float(pack2x16float(vec2<f32>(d, d * sum)));
-            let b = r * p.blocks + i / 8u;
-            xq[p.ds_off + 2u * b] = bitcast<u32>(ds.x);
-            xq[p.ds_off + 2u * b + 1u] = bitcast<u32>(ds.y);
-        }
+        q8_store(q, amax, sum, r * (p.cols / 4u) + i, p.ds_off + 2u * (r * p.blocks + i / 8u), lid == first);
     }
 }

@@ -389,9 +389,16 @@ impl Llama {
                     true => q.attention_partials(&keys, &values, &attn)?,
                     false => None,
                 };
-            x = match partials {
-                Some(p) => b.wo.qmatmul_add_combined(&p, &x)?,
-                None => {
+            // Elsewhere, where the output projection multiplies 8-bit x, the attention rounds
+            // its output for it as it writes it (no rounding dispatch between the two).
+            let rounded = match partials.is_none() && b.wo.takes_q8_rows() {
+                true => q.attention_q8(&keys, &values, &attn)?,
+                false => None,
+            };
+            x = match (partials, rounded) {
+                (Some(p), _) => b.wo.qmatmul_add_combined(&p, &x)?,
+                (None, Some(r)) => b.wo.qmatmul_add_q8(&r, &x)?,
+                (None, None) => {
                     // [1, H, T, D], stored [1, T, H, D]: the permute and reshape are views.
                     let a = q.attention(&keys, &values, &attn)?;
                     let a = a.permute(&[0, 2, 1, 3])?.reshape([t, h * d])?;

@@ -864,7 +864,9 @@ struct Plan {
     pipeline: Pipeline,
     n_wg: u32,
     splits: usize,
-    tiles: AttentionTiles,
+    /// The kernel also rounds the output rows to 8-bit blocks (its ROUND_Q8 variant: one
+    /// split, asked for by `gpu_attention_q8`).
+    rounds: bool,
 }
 
 /// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
@@ -876,7 +878,8 @@ enum Merge {
 }
 
 /// Checks the inputs and plans the call; None when there is nothing to dispatch (no keys, or
-/// an empty output).
+/// an empty output). `round`: take the kernel that also rounds its output rows to 8-bit blocks
+/// where it can (one split, invocations a multiple of 8: `Plan::rounds`).
 fn plan(
     q: &Tensor,
     k: &Tensor,
@@ -884,6 +887,7 @@ fn plan(
     opts: &AttentionOpts,
     tuning: AttentionTuning,
     merge: Merge,
+    round: bool,
 ) -> Result<Option<Plan>> {
     let s = check(q, k, v)?;
     let ctx = gpu_of(OP, q)?;
@@ -959,31 +963,23 @@ fn plan(
         // The strides `gpu_output` gives (the partials ignore them).
         os: [u(s.hq * s.tq * s.d)?, u(s.d)?, u(s.hq * s.d)?, 1],
     };
-    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v, false)?;
+    let rounds = round && splits == 1 && tiles.nt().is_multiple_of(8);
+    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v, rounds)?;
     let n_wg = u(splits * base_wgs)?;
-    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, tiles }))
+    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds }))
 }
 
 impl Plan {
     /// Runs the attention kernel writing into `out`: the output rows (one split) or the
-    /// partials.
-    fn dispatch(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor) -> Result<()> {
-        let binds = [Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(out)?)];
+    /// partials; and, where the plan `rounds`, the rows' 8-bit blocks into `xq`.
+    fn dispatch(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, xq: Option<&Tensor>) -> Result<()> {
+        let mut binds = vec![Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(out)?)];
+        match (self.rounds, xq) {
+            (true, Some(xq)) => binds.push(Bind::Whole(buf(xq)?)),
+            (false, None) => {}
+            _ => return Err(Error::gpu(OP, "the rounding kernel and its words go together")),
+        }
         self.ctx.dispatch(&self.pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
-    }
-
-    /// One split writing the output rows into `out` and their rounding into `xq` (the kernel's
-    /// ROUND_Q8 variant).
-    fn dispatch_q8(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, xq: &Tensor) -> Result<()> {
-        let pipeline = attention_pipeline(&self.ctx, &self.s, self.tiles, k, v, true)?;
-        let binds = [
-            Bind::Whole(buf(q)?),
-            Bind::Whole(buf(k)?),
-            Bind::Whole(buf(v)?),
-            Bind::Whole(buf(out)?),
-            Bind::Whole(buf(xq)?),
-        ];
-        self.ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
     }
 
     /// The first pass of a split call into a new partials tensor.
@@ -991,7 +987,7 @@ impl Plan {
         let s = &self.s;
         let rows = s.b * s.hq * s.tq;
         let part = Tensor::gpu_empty(vec![rows, self.splits, s.d + 2], DType::F32, q.device())?;
-        self.dispatch(q, k, v, &part)?;
+        self.dispatch(q, k, v, &part, None)?;
         let split_len = self.params.split_len as usize;
         Ok(AttentionPartials { part, shape: [s.b, s.hq, s.tq, s.d], n_splits: self.splits, keys: s.tk, split_len })
     }
@@ -1012,7 +1008,7 @@ pub fn gpu_attention_tuned(
             return Ok(o);
         }
     }
-    let Some(plan) = plan(q, k, v, opts, tuning, Merge::Dispatch)? else {
+    let Some(plan) = plan(q, k, v, opts, tuning, Merge::Dispatch, false)? else {
         let s = check(q, k, v)?;
         if s.tk == 0 {
             // Softmax over no keys: every row is empty, the output zeros.
@@ -1024,7 +1020,7 @@ pub fn gpu_attention_tuned(
         let s = &plan.s;
         let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
         debug_assert_eq!(out_strides(&out)?, plan.params.os);
-        plan.dispatch(q, k, v, &out)?;
+        plan.dispatch(q, k, v, &out, None)?;
         return Ok(out);
     }
     // Flash-decoding: partial (m, l, acc) per row and split, then the combine pass.
@@ -1056,14 +1052,14 @@ pub fn gpu_attention_q8(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts
     {
         return Ok(None);
     }
-    let Some(plan) = plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch)? else { return Ok(None) };
-    if plan.splits == 1 && !plan.tiles.nt().is_multiple_of(8) {
+    let Some(plan) = plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch, true)? else { return Ok(None) };
+    if plan.splits == 1 && !plan.rounds {
         return Ok(None);
     }
     let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
     let rows = Q8Rows::for_x(out.permute(&[0, 2, 1, 3])?.reshape([s.b * s.tq, s.hq * s.d])?)?;
     if plan.splits == 1 {
-        plan.dispatch_q8(q, k, v, &out, rows.words())?;
+        plan.dispatch(q, k, v, &out, Some(rows.words()))?;
     } else {
         plan.partials(q, k, v)?.combine_into(&out, Some(rows.words()))?;
     }
@@ -1085,7 +1081,7 @@ pub fn gpu_attention_partials(
 /// The key splits [`gpu_attention_partials`] would make (1: none, or nothing to attend), with
 /// nothing dispatched: a caller that can merge partials asks first whether they fit it.
 pub fn gpu_attention_partial_splits(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<usize> {
-    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Caller)?.map_or(1, |p| p.splits))
+    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Caller, false)?.map_or(1, |p| p.splits))
 }
 
 /// [`gpu_attention_partials`] with the overrides of `tuning` (tests force splits).
@@ -1097,7 +1093,7 @@ pub fn gpu_attention_partials_tuned(
     opts: &AttentionOpts,
     tuning: AttentionTuning,
 ) -> Result<Option<AttentionPartials>> {
-    match plan(q, k, v, opts, tuning, Merge::Caller)? {
+    match plan(q, k, v, opts, tuning, Merge::Caller, false)? {
         Some(plan) if plan.splits > 1 => plan.partials(q, k, v).map(Some),
         _ => Ok(None),
     }

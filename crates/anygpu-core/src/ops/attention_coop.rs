@@ -126,7 +126,7 @@ fn source(emulated: bool) -> String {
     for (from, to) in SWAPS {
         s = s.replace(from, to);
     }
-    s + emu
+    s + super::COOP_EMU_WGSL + emu
 }
 
 /// The kernel's WGSL for head dim `d` (tests validate both variants offline).

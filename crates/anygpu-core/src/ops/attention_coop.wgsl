@@ -285,25 +285,10 @@ fn attention(
     }
 }
 // @@ emu
-// ---- tests only: cooperative matrices emulated in plain WGSL --------------------------------
-// attention_coop.rs (`set_emulated`) rewrites the matrix types and calls above into these, so
-// the kernel's staging, masking, softmax, ownership and output run on devices without
-// cooperative matrices (lavapipe). `sg` and `lane` come from the invocation index (subgroups
-// of 32 consecutive invocations). A loaded matrix is where it lies in workgroup memory (read
-// before the next barrier); an accumulator is spread over its subgroup, lane l holding row
-// l / 2, columns (l % 2) * 8 .. + 8; the scratch is private, so a lane reading an element it
-// did not store reads a zero, which the tests catch.
-struct EmuM {
-    src: u32, // 0: A in sq, 1: A in sp (row-major); 2: B in sk (column-major), 3: B in sv (row-major)
-    at: u32,
-    stride: u32,
-}
-
-struct EmuC {
-    v: array<f32, 8>,
-}
-
-var<private> emu_lane: u32;
+// ---- tests only: cooperative matrices emulated (with ops/coop_emu.wgsl) ----------------------
+// attention_coop.rs (`set_emulated`) rewrites the matrix types and calls above; `sg` and `lane`
+// come from the invocation index (subgroups of 32 consecutive invocations). EmuM.src: 0 A in
+// sq, 1 A in sp (row-major), 2 B in sk (column-major), 3 B in sv (row-major).
 
 fn emu_ld(src: u32, at: u32, stride: u32) -> EmuM {
     return EmuM(src, at, stride);
@@ -324,28 +309,5 @@ fn emu_el(m: EmuM, r: u32, c: u32) -> f32 {
         default: {
             return f32(sv[m.at + r * m.stride + c / 4u][c % 4u]);
         }
-    }
-}
-
-// acc + A B, this lane's 8 elements.
-fn emu_mad(a: EmuM, b: EmuM, acc: EmuC) -> EmuC {
-    var m = acc;
-    let r = emu_lane / 2u;
-    for (var j = 0u; j < 8u; j++) {
-        let c = (emu_lane % 2u) * 8u + j;
-        var s = m.v[j];
-        for (var k = 0u; k < 16u; k++) {
-            s = fma(emu_el(a, r, k), emu_el(b, k, c), s);
-        }
-        m.v[j] = s;
-    }
-    return m;
-}
-
-// coopStoreT (row-major): element (r, c) at at + r * stride + c.
-fn emu_store(m: EmuC, at: u32, stride: u32) {
-    let r = emu_lane / 2u;
-    for (var j = 0u; j < 8u; j++) {
-        scratch[at + r * stride + (emu_lane % 2u) * 8u + j] = m.v[j];
     }
 }

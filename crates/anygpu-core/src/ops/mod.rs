@@ -24,6 +24,10 @@ use crate::tensor::{DType, Layout, Tensor};
 /// Highest rank the strided GPU kernels index (two vec4 of dims).
 pub const MAX_RANK: usize = 8;
 
+/// Tests only: the cooperative-matrix emulation the coop kernels' emulated variants share
+/// (`EmuM`, `EmuC`, `emu_mad`, `emu_store`; each kernel adds its `emu_el`).
+pub(crate) const COOP_EMU_WGSL: &str = include_str!("coop_emu.wgsl");
+
 /// WGSL shared by kernels that walk strided layouts.
 pub(crate) const STRIDED_WGSL: &str = include_str!("strided.wgsl");
 

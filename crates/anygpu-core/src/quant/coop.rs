@@ -350,7 +350,10 @@ impl Plan {
     fn spec_as(&self, ty: GgmlType, emulated: bool) -> KernelSpec {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
         let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
-        let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
+        let spec = match emulated {
+            true => spec.with(crate::ops::COOP_EMU_WGSL),
+            false => spec.with("enable wgpu_cooperative_matrix;"),
+        };
         let spec = spec
             .constant_u32("BX", self.bx)
             .constant_u32("KB", self.bk)
@@ -587,8 +590,8 @@ fn emulate(kernel: &str) -> String {
         ("coopStoreT(", "emu_store("),
         ("&scratch[sg * 256u], 16u)", "sg * 256u, 16u)"),
         ("coop_mat16x16<f32, C>()", "EmuC()"),
-        ("coop_mat16x16<f16, A>", "EmuA"),
-        ("coop_mat16x16<f16, B>", "EmuB"),
+        ("coop_mat16x16<f16, A>", "EmuM"),
+        ("coop_mat16x16<f16, B>", "EmuM"),
         ("var<workgroup> scratch", "var<private> scratch"),
         ("@builtin(subgroup_id) sg: u32,", ""),
         ("@builtin(subgroup_invocation_id) lane: u32,", ""),

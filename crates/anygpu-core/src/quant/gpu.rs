@@ -871,7 +871,8 @@ pub(crate) fn x_q8(w: &QTensor, opts: &QOptions) -> bool {
 
 /// The weight bytes from which a fused product without a prologue (the output projection's and
 /// the down projection's `qmatmul_add`) rounds x to 8-bit blocks in a dispatch of its own: the
-/// dispatch costs ~4 µs, the integer products save ~0.6 µs per MB of weights over f32 x. H100,
+/// dispatch costs ~4 µs, the integer products save about 0.6 µs per MB of weights over f32 x
+/// (worked out from the 8B figures below: 32 dispatches more, 0.054 ms less per step). H100,
 /// GPU pass per decode step, thresholds 24 MiB / 8 MiB / 0 (one binary, alternated twice,
 /// BENCHMARKS.md thirteenth session): 8B Q4_0 (wo 9.4 MB, down 33 MB) 2.832 / 2.778 / 2.777
 /// ms; 1B Q4_0 (wo 2.4 MB, down 9.4 MB) 0.820 / 0.798 / 0.798 ms. (In the eighth session, with

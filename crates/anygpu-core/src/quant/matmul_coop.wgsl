@@ -496,61 +496,27 @@ fn store16(c: EmuC, i: u32) {
 // @@ end
 
 // @@ xvec_emu xscalar_emu xhalf_emu
-// ---- tests only: cooperative matrices emulated in plain WGSL ---------------------------------
-// quant/coop.rs (`set_emulated`) rewrites the coop types and calls above into these, so the
-// kernel's staging, indexing, edges and drain run on devices without cooperative matrices
-// (lavapipe). `sg` and `lane` come from the invocation index (subgroups of 32 consecutive
-// invocations). An A or B "matrix" is where it lies in sx or sw (the kernel consumes them before
-// the next barrier, as the emulation requires); an accumulator is spread over its subgroup, lane
-// l holding row l / 2, columns (l % 2) * 8 .. + 8, and the scratch is private: each invocation
-// stores its own 8 elements there, so the drain reads back only what it stored, and an element
-// it reads at any other index is a zero that the tests catch.
-struct EmuA {
-    at: u32,
-    stride: u32,
-}
-struct EmuB {
-    at: u32,
-    stride: u32,
-}
-struct EmuC {
-    v: array<f32, 8>,
-}
-
-var<private> emu_lane: u32;
+// ---- tests only: cooperative matrices emulated (with ops/coop_emu.wgsl) ----------------------
+// quant/coop.rs (`set_emulated`) rewrites the coop types and calls above; `sg` and `lane` come
+// from the invocation index (subgroups of 32 consecutive invocations). Each invocation stores
+// its own 8 elements in the (private) scratch, so the drain reads back only what it stored.
+// EmuM.src: 0 an A in sx, 1 a B in sw.
 
 // coopLoadT from sx: A[r][k] is lane k % 4 of sx[at + r * stride + k / 4] (row-major).
-fn emu_load_x(at: u32, stride: u32) -> EmuA {
-    return EmuA(at, stride);
+fn emu_load_x(at: u32, stride: u32) -> EmuM {
+    return EmuM(0u, at, stride);
 }
 
 // coopLoad from sw: B[k][c] is lane k % 4 of sw[at + c * stride + k / 4] (column-major).
-fn emu_load_w(at: u32, stride: u32) -> EmuB {
-    return EmuB(at, stride);
+fn emu_load_w(at: u32, stride: u32) -> EmuM {
+    return EmuM(1u, at, stride);
 }
 
-// coopMultiplyAdd: acc + A B, this lane's 8 elements.
-fn emu_mad(a: EmuA, b: EmuB, acc: EmuC) -> EmuC {
-    var m = acc;
-    let r = emu_lane / 2u;
-    for (var j = 0u; j < 8u; j++) {
-        let c = (emu_lane % 2u) * 8u + j;
-        var s = m.v[j];
-        for (var k = 0u; k < 16u; k++) {
-            let av = f32(sx[a.at + r * a.stride + k / 4u][k % 4u]);
-            let bv = f32(sw[b.at + c * b.stride + k / 4u][k % 4u]);
-            s = fma(av, bv, s);
-        }
-        m.v[j] = s;
+// Element (r, c) of a loaded matrix (halves; the arrays hold vec4<f16>, strides count vec4s).
+fn emu_el(m: EmuM, r: u32, c: u32) -> f32 {
+    if (m.src == 0u) {
+        return f32(sx[m.at + r * m.stride + c / 4u][c % 4u]);
     }
-    return m;
-}
-
-// coopStoreT (row-major): element (r, c) at at + r * stride + c.
-fn emu_store(m: EmuC, at: u32, stride: u32) {
-    let r = emu_lane / 2u;
-    for (var j = 0u; j < 8u; j++) {
-        scratch[at + r * stride + (emu_lane % 2u) * 8u + j] = m.v[j];
-    }
+    return f32(sw[m.at + c * m.stride + r / 4u][r % 4u]);
 }
 // @@ end

@@ -270,7 +270,8 @@ fn row_sliced_bindings_match() {
 }
 
 /// The fused products (quant/fused.rs): row stacks, `qmatmul_add` (residual epilogue),
-/// `qmatmul_glu` (SwiGLU epilogue) and the RMSNorm prologue (`qmatmul_rms`, `qmatmul_glu_rms`), on the fused matvec path (n <= MATVEC_MAX_N), the unfused
+/// `qmatmul_glu` (SwiGLU epilogue) and the RMSNorm prologue (`qmatmul_rms`, `qmatmul_glu_rms`), with one
+/// and two W rows per row slot, on the fused matvec path (n <= MATVEC_MAX_N), the unfused
 /// path (n = 17) and, for GLU, a binding limit that forces the unfused path; against the CPU's
 /// composition of plain products. Odd row counts; Q4_0 with 18-byte blocks stacks parts at offsets
 /// that are not multiples of 4 when a part has an odd number of blocks.
@@ -319,6 +320,13 @@ fn fused_products_match_composition() {
                         let opts = QOptions { threads_per_row: Some(tpr), ..Default::default() };
                         all.extend(gate_up.qmatmul_glu_opts(&x, Some(norm), opts)?.to_vec_f32()?);
                     }
+                }
+                // One and two W rows per row slot (the default is two for the float types,
+                // one for the quantized ones): adjacent rows (residual), gate and up rows (GLU).
+                for rps in [1usize, 2] {
+                    let opts = QOptions { rows_per_slot: Some(rps), ..Default::default() };
+                    all.extend(qk.qmatmul_add_opts(&x, &resid, opts)?.to_vec_f32()?);
+                    all.extend(gate_up.qmatmul_glu_opts(&x, Some(norm), opts)?.to_vec_f32()?);
                 }
                 if !d.is_cpu() {
                     // GLU over two bindings: the unfused path on the GPU.

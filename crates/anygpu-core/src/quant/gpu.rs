@@ -198,6 +198,9 @@ pub struct QOptions {
     /// Invocations per row of the matvec kernel (a power of two up to 256), for tuning;
     /// chosen from the row length when `None`.
     pub threads_per_row: Option<usize>,
+    /// W rows per row slot of the matvec kernel (1 or 2, see matvec_layout.rs), for tests;
+    /// chosen by the weights' type when `None`.
+    pub rows_per_slot: Option<usize>,
     /// Whether the matvec rounds x to 8-bit blocks first (matvec_q8.wgsl; the 32-weight block
     /// types and Q4_K / Q5_K / Q6_K): `Some(true)` forces it, `Some(false)` never; `None`: where
     /// a matrix marked [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this
@@ -361,6 +364,12 @@ enum Source {
     MatvecQ8 = 3,
 }
 
+/// matvec.wgsl's unit of two rows (RPS = 2): the unit of each row, whose x loads (the same
+/// addresses) the compiler may share. (A Q4_0 unit loading x once by hand for both rows did
+/// not make two rows per slot pay for Q4_0: see `rows_per_slot` in matvec_layout.rs.)
+const UNIT2_GENERIC: &str =
+    "fn mv_unit2(rb: u32, rb2: u32, u: u32, xb: u32) -> vec2<f32> { return vec2<f32>(mv_unit(rb, u, xb), mv_unit(rb2, u, xb)); }";
+
 /// The WGSL of one kernel for one type: common.wgsl and the kernel's file with that type's
 /// sections only, and the forwarding function the entry point calls. Built once per
 /// (kernel, type) and kept for the life of the process (52 strings at most), so the pipeline
@@ -373,11 +382,11 @@ fn type_source(kind: Source, ty: GgmlType) -> &'static str {
         let (file, forward) = match kind {
             Source::Matvec => (
                 MATVEC_WGSL.to_string(),
-                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}"),
+                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}\n{UNIT2_GENERIC}"),
             ),
             Source::MatvecQ8 => (
                 format!("{MATVEC_WGSL}\n{MATVEC_Q8_WGSL}"),
-                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}_q8(rb, u, xb); }}"),
+                format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}_q8(rb, u, xb); }}\n{UNIT2_GENERIC}"),
             ),
             Source::Matmul | Source::Gather => (
                 if matches!(kind, Source::Matmul) { MATMUL_WGSL } else { GATHER_WGSL }.to_string(),
@@ -592,47 +601,85 @@ impl Epilogue<'_> {
         matches!(self, Epilogue::Glu | Epilogue::RopeKv(_))
     }
     /// (EPILOGUE_DECL, ROWS, STORE, PARAMS_EXT) replacements of matvec.wgsl; `norm`: the x side
-    /// binds the RMSNorm weight (the epilogue's bindings come after it).
-    fn wgsl(&self, norm: bool) -> [(&'static str, &'static str); 4] {
-        const ROWS: &str = "    let orow = (g - xr * p.groups) * RPW + slot;\n    let row = orow;";
+    /// binds the RMSNorm weight (the epilogue's bindings come after it); `two`: two rows per
+    /// row slot (RPS = 2, see [`MatvecLayout`]): adjacent rows for Store and Add, the gate row
+    /// and its up row for GLU, a rope pair's two rows for RopeKv (the pairs then meet in one
+    /// invocation instead of two slots).
+    fn wgsl(&self, norm: bool, two: bool) -> [(&'static str, &'static str); 4] {
+        const ROWS: &str = "    let orow = (g - xr * p.groups) * RPW + slot;\n    let row = orow;\n    let row2 = row;";
+        // Two adjacent rows per slot (the row count is even: see MatvecLayout).
+        const ROWS2: &str =
+            "    let orow = ((g - xr * p.groups) * RPW + slot) * 2u;\n    let row = orow;\n    let row2 = orow + 1u;";
         const STORE: &str =
-            "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid];\n    }";
+            "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = sum0;\n    }";
+        const STORE2: &str = "    if (live && t == 0u) {\n        let o = p.out_off + xr * p.out_stride + orow;\n        out[o] = sum0;\n        out[o + 1u] = sum1;\n    }";
         // Paired slots: slot s and s + RPW / 2 work on output row (GLU) or rope pair orow.
         macro_rules! pair_rows {
             () => {
                 "    let half = RPW / 2u;\n    let orow = (g - xr * p.groups) * half + slot % half;\n"
             };
         }
-        match self {
-            Epilogue::Store => [("EPILOGUE_DECL", ""), ("ROWS", ROWS), ("STORE", STORE), ("PARAMS_EXT", "")],
-            Epilogue::Add(_) => [
+        // The GLU stores: gate and up rows in two slots, or in one with two rows per slot.
+        macro_rules! glu_store {
+            (1) => {
+                "    if (live && t == 0u && slot < RPW / 2u) {\n        let gate = red[lid];\n        let up = red[lid + (RPW / 2u) * TPR];\n        out[p.out_off + xr * p.out_stride + orow] = gate / (1.0 + exp(-gate)) * up;\n    }"
+            };
+            (2) => {
+                "    if (live && t == 0u) {\n        let gate = sum0;\n        let up = sum1;\n        out[p.out_off + xr * p.out_stride + orow] = gate / (1.0 + exp(-gate)) * up;\n    }"
+            };
+        }
+        match (self, two) {
+            (Epilogue::Store, false) => [("EPILOGUE_DECL", ""), ("ROWS", ROWS), ("STORE", STORE), ("PARAMS_EXT", "")],
+            (Epilogue::Store, true) => [("EPILOGUE_DECL", ""), ("ROWS", ROWS2), ("STORE", STORE2), ("PARAMS_EXT", "")],
+            (Epilogue::Add(_), false) => [
                 ("EPILOGUE_DECL", "@group(0) @binding(4) var<storage, read> resid: array<f32>;"),
                 ("ROWS", ROWS),
                 (
                     "STORE",
-                    "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = red[lid] + resid[p.r_off + xr * p.out_stride + orow];\n    }",
+                    "    if (live && t == 0u) {\n        out[p.out_off + xr * p.out_stride + orow] = sum0 + resid[p.r_off + xr * p.out_stride + orow];\n    }",
                 ),
                 ("PARAMS_EXT", ""),
             ],
-            Epilogue::Glu => [
+            (Epilogue::Add(_), true) => [
+                ("EPILOGUE_DECL", "@group(0) @binding(4) var<storage, read> resid: array<f32>;"),
+                ("ROWS", ROWS2),
+                (
+                    "STORE",
+                    "    if (live && t == 0u) {\n        let o = xr * p.out_stride + orow;\n        let r = vec2<f32>(resid[p.r_off + o], resid[p.r_off + o + 1u]);\n        out[p.out_off + o] = sum0 + r.x;\n        out[p.out_off + o + 1u] = sum1 + r.y;\n    }",
+                ),
+                ("PARAMS_EXT", ""),
+            ],
+            (Epilogue::Glu, false) => [
                 ("EPILOGUE_DECL", ""),
                 (
                     "ROWS",
-                    concat!(pair_rows!(), "    let row = orow + select(0u, p.rows, slot >= half);"),
+                    concat!(pair_rows!(), "    let row = orow + select(0u, p.rows, slot >= half);\n    let row2 = row;"),
                 ),
-                (
-                    "STORE",
-                    "    if (live && t == 0u && slot < RPW / 2u) {\n        let gate = red[lid];\n        let up = red[lid + (RPW / 2u) * TPR];\n        out[p.out_off + xr * p.out_stride + orow] = gate / (1.0 + exp(-gate)) * up;\n    }",
-                ),
+                ("STORE", glu_store!(1)),
                 ("PARAMS_EXT", ""),
             ],
-            Epilogue::RopeKv(r) => [
+            (Epilogue::Glu, true) => [
+                ("EPILOGUE_DECL", ""),
+                ("ROWS", concat!("    let orow = (g - xr * p.groups) * RPW + slot;\n", "    let row = orow;\n    let row2 = orow + p.rows;")),
+                ("STORE", glu_store!(2)),
+                ("PARAMS_EXT", ""),
+            ],
+            (Epilogue::RopeKv(r), false) => [
                 ("EPILOGUE_DECL", rope_kv_decl(norm, r.opts.freq_factors.is_some(), r.bias.is_some())),
-                ("ROWS", concat!(pair_rows!(), "    let row = rope_row(orow, slot >= half);")),
+                ("ROWS", concat!(pair_rows!(), "    let row = rope_row(orow, slot >= half);\n    let row2 = row;")),
                 (
                     "STORE",
                     "    if (live && t == 0u && slot < RPW / 2u) {\n        rope_store(xr, orow, vec2<f32>(red[lid], red[lid + (RPW / 2u) * TPR]));\n    }",
                 ),
+                ("PARAMS_EXT", ROPE_PARAMS_WGSL),
+            ],
+            (Epilogue::RopeKv(r), true) => [
+                ("EPILOGUE_DECL", rope_kv_decl(norm, r.opts.freq_factors.is_some(), r.bias.is_some())),
+                (
+                    "ROWS",
+                    concat!("    let orow = (g - xr * p.groups) * RPW + slot;\n", "    let row = rope_row(orow, false);\n    let row2 = rope_row(orow, true);"),
+                ),
+                ("STORE", "    if (live && t == 0u) {\n        rope_store(xr, orow, vec2<f32>(sum0, sum1));\n    }"),
                 ("PARAMS_EXT", ROPE_PARAMS_WGSL),
             ],
         }
@@ -844,11 +891,14 @@ fn scaled_norm_x_side(norm_binding: Option<u32>) -> [(&'static str, &'static str
 /// all of x, so their shares of the sum of squares (`ss`) add up, through the same `row_sums`
 /// as the dot products, to the row's; each invocation then scales its share of the dot product
 /// by 1 / rms(x) before the row sum (the scale is common to the row, so the sum comes out
-/// scaled). Inactive rows add nothing and are not stored. (Skipping workgroup memory and
+/// scaled; with two rows per slot, RPS = 2, every vec4 of x adds its squares once per row, hence
+/// the division by RPS). Inactive rows add nothing and are not stored. (Skipping workgroup memory and
 /// barriers where a row lies within one subgroup's shuffles measured slower: H100, 1B F16
 /// decode 1.288 -> 1.314 ms per token.)
 const NORM_SCALE_WGSL: &str = "    row_sums(ss, lid, t);
-    acc *= inverseSqrt(red[lid - t] / f32(p.cols) + p.eps);
+    let inv_rms = inverseSqrt(red[lid - t] / (f32(p.cols) * f32(RPS)) + p.eps);
+    acc *= inv_rms;
+    acc2 *= inv_rms;
     workgroupBarrier();";
 
 /// `x @ W^T` for x [n, cols] f32 (any leading shape, flattened to n rows) -> `out_shape`.
@@ -1031,7 +1081,7 @@ fn combine_fits(
 /// judge it; with f32 x's units, since the prologues read f32 x.
 fn prologue_groups(w: &QTensor, epi: Epilogue<'_>, staging: Staging, opts: &QOptions) -> Result<usize> {
     let units = matvec_units(w.ggml_type(), w.cols(), false);
-    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, staging, opts.threads_per_row)?;
+    let layout = MatvecLayout::new("qmatmul", w.ggml_type(), w.rows(), units, epi, staging, opts)?;
     Ok(layout.groups(paired_out_rows(w.rows(), epi)))
 }
 
@@ -1268,9 +1318,12 @@ pub struct Q8Rows {
 impl Q8Rows {
     /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
     pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
-        let words = x.numel() / 4 + x.numel() / 16;
-        let q = Tensor::gpu_empty(vec![words], DType::U32, x.device())?;
+        let q = Q8Rows::words_for(x.numel(), x.device())?;
         Ok(Q8Rows { x, q })
+    }
+    /// The (unwritten) words for `numel` elements of x on `device`.
+    pub(crate) fn words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
+        Tensor::gpu_empty(vec![numel / 4 + numel / 16], DType::U32, device)
     }
     /// x, f32 [n, cols].
     pub fn x(&self) -> &Tensor {
@@ -1396,11 +1449,17 @@ fn qmatmul_with(
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
-    let layout = MatvecLayout::new(OP, ty, rows, matvec_units(ty, cols, q8), epi, pro.staging(), opts.threads_per_row)?;
+    let layout = MatvecLayout::new(OP, ty, rows, matvec_units(ty, cols, q8), epi, pro.staging(), &opts)?;
     let tpr = layout.tpr;
     let spec = match kernel {
         QKernel::Matvec => KernelSpec::new(
-            format!("qmatvec_{name}_t{tpr}{}{}{}", epi.name(), pro.name(), if q8 { "_q8" } else { "" }),
+            format!(
+                "qmatvec_{name}_t{tpr}{}{}{}{}",
+                if layout.rps == 2 { "_r2" } else { "" },
+                epi.name(),
+                pro.name(),
+                if q8 { "_q8" } else { "" }
+            ),
             match (epi, pro) {
                 (Epilogue::RopeKv(_), _) => rope_source(ty, q8),
                 (_, Prologue::Combine(_)) => combine_source(ty),
@@ -1412,6 +1471,7 @@ fn qmatmul_with(
         .constant_u32("TPR", tpr as u32)
         .with(lane_reductions_wgsl(&ctx))
         .constant_u32("RPW", (WG / tpr) as u32)
+        .constant_u32("RPS", layout.rps as u32)
         // The staged row of the RMSNorm prologue (vec4 units for the quantized types, elements
         // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
         // every width.
@@ -1438,7 +1498,7 @@ fn qmatmul_with(
     let norm_binding = norm.map(|_| if resid.is_some() { 5 } else { 4 });
     let pipeline = match kernel {
         QKernel::Matvec => {
-            let [e0, e1, e2, e3] = epi.wgsl(norm.is_some());
+            let [e0, e1, e2, e3] = epi.wgsl(norm.is_some(), layout.rps == 2);
             // The combine prologue's params words (the epilogue then has none, see above).
             let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
             let [x0, x1, x2] = match scaled {

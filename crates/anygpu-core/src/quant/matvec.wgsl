@@ -1,8 +1,9 @@
 // y = W x with W in GGML blocks, read as stored (decode: one token, memory-bound).
 //
-// A workgroup of 256 invocations handles RPW = 256 / TPR rows, TPR invocations per row.
-// Invocation t of a row takes the row's work units t, t + TPR, ... A unit is one or two 4-byte
-// words of a block's quants (8 to 16 weights) plus the block's scales, so neighbouring
+// A workgroup of 256 invocations has RPW = 256 / TPR row slots, TPR invocations per slot, and
+// each slot computes RPS (1 or 2) rows of W: two share each unit's x loads (`mv_unit2`; the
+// float types' choice, see matvec_layout.rs). Invocation t of a slot takes the row's work
+// units t, t + TPR, ... A unit is one or two 4-byte words of a block's quants (8 to 16 weights) plus the block's scales, so neighbouring
 // invocations read neighbouring words of W *and* neighbouring vec4s of x: a warp's loads touch
 // a few cache lines each. (Whole blocks per invocation put neighbours' x reads 128-256 bytes
 // apart: every vec4 load of a warp touched 32 lines, and the kernel ran at a quarter of the
@@ -13,9 +14,9 @@
 // g % groups of x row g / groups.
 //
 // Assembled by the host from common.wgsl and this file, keeping the `// @@` sections of one type
-// (see common.wgsl), with `const TPR`, `const RPW`, and `fn mv_unit(rb, u, xb)` forwarding to
-// the type's function. `rb` is the row's first byte; `xb` the x row's first vec4
-// for the quantized types (whose rows are whole 32-weight blocks), its first element for
+// (see common.wgsl), with `const TPR`, `const RPW`, `const RPS`, and `fn mv_unit(rb, u, xb)`
+// forwarding to the type's function (and `mv_unit2(rb, rb2, u, xb)`, both rows' units). `rb`
+// is the row's first byte; `xb` the x row's first vec4 for the quantized types (whose rows are whole 32-weight blocks), its first element for
 // F32/F16/BF16.
 
 struct Params {
@@ -407,8 +408,29 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let t = lid % TPR;
     let live = orow < p.rows && xr < p.n;
     var acc = 0.0;
+    var acc2 = 0.0;
 {{PROLOGUE}}
-    if (live) {
+    if (live && RPS == 2u) {
+        // Two rows per slot (`row`, `row2`): each unit's x is loaded once for both rows
+        // (`mv_unit2`: the two rows' units, whose equal x loads the compiler shares), halving
+        // the x traffic per weight byte.
+        let rb = p.w_off + row * p.row_bytes;
+        let rb2 = p.w_off + row2 * p.row_bytes;
+        let xb = {{XB}};
+        var u = t;
+        for (; u + TPR < p.units; u += 2u * TPR) {
+            let a = mv_unit2(rb, rb2, u, xb);
+            let b = mv_unit2(rb, rb2, u + TPR, xb);
+            acc += a.x + b.x;
+            acc2 += a.y + b.y;
+        }
+        if (u < p.units) {
+            let a = mv_unit2(rb, rb2, u, xb);
+            acc += a.x;
+            acc2 += a.y;
+        }
+    }
+    if (live && RPS == 1u) {
         let rb = p.w_off + row * p.row_bytes;
         let xb = {{XB}};
         // Four units per step: their loads are independent, so each invocation keeps four
@@ -435,7 +457,15 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     // With the norm applied by scaling (the host's ScaledNorm), each share scaled by 1 / rms(x).
 {{NORM_SCALE}}
+    // The row sums, in the row's first lane (t = 0): sum0 of `row`, sum1 of `row2`.
     row_sums(acc, lid, t);
+    let sum0 = red[lid];
+    var sum1 = 0.0;
+    if (RPS == 2u) {
+        workgroupBarrier();
+        row_sums(acc2, lid, t);
+        sum1 = red[lid];
+    }
 {{STORE}}
 }
 

@@ -3,7 +3,7 @@
 //! judge a product by its workgroup count (the RMSNorm and combine prologues') take them from
 //! here, so they agree.
 
-use super::gpu::{Epilogue, WG};
+use super::gpu::{Epilogue, QOptions, WG};
 use super::GgmlType;
 use crate::error::{Error, Result};
 
@@ -29,9 +29,9 @@ pub(super) fn matvec_units(ty: GgmlType, cols: usize, q8: bool) -> usize {
 /// [`min_groups`]) and each invocation keeps at least 1.5 units: that product 128 per row, 288
 /// workgroups (decode step GPU time 1.106 -> 1.063 ms; 64 per row on the 576-wide rows gained
 /// nothing).
-fn threads_per_row(units: usize, rows: usize, min_groups: usize) -> usize {
+fn threads_per_row(units: usize, rows: usize, rps: usize, min_groups: usize) -> usize {
     let mut tpr = units.div_ceil(4).next_power_of_two().clamp(1, 32);
-    while tpr < WG && rows.div_ceil(WG / tpr) < min_groups && 2 * units >= 3 * (2 * tpr) {
+    while tpr < WG && rows.div_ceil(rps * WG / tpr) < min_groups && 2 * units >= 3 * (2 * tpr) {
         tpr *= 2;
     }
     tpr
@@ -76,14 +76,36 @@ fn tpr_env() -> Option<usize> {
     *V.get_or_init(|| std::env::var("ANYGPU_MATVEC_TPR").ok().and_then(|v| v.parse().ok()))
 }
 
+/// `ANYGPU_MATVEC_RPS=1|2` (read once): W rows per row slot for every matvec (see
+/// [`MatvecLayout`] and [`rows_per_slot`]), for comparisons.
+fn rps_env() -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("ANYGPU_MATVEC_RPS").ok().and_then(|v| v.parse().ok()).filter(|&v| v == 1 || v == 2)
+    })
+}
+
+/// W rows per row slot: two for the float types, whose f32 x (16 bytes per 4 weights) is read
+/// twice as much as their F16 weights, one for the quantized types. H100, decode step, one row
+/// per slot / two (BENCHMARKS.md, fourteenth session): 1B F16 1.202 / 1.132 ms; 8B Q4_0 2.70
+/// / 2.77 (2.71 / 2.75 with a Q4_0 unit loading x once by hand for both rows: its products
+/// alone gained 0.7-1.5 µs each, the step lost); 1B Q4_0 0.80 / 0.90.
+fn rows_per_slot(ty: GgmlType) -> usize {
+    rps_env().unwrap_or(if ty.is_quantized() { 1 } else { 2 })
+}
+
 /// How the matvec lays out W's rows: `units` work units per row ([`matvec_units`]), `tpr`
 /// invocations per row (`opts.threads_per_row` when forced, else [`threads_per_row`]; at most
-/// half a workgroup when the epilogue pairs rows) and the output rows per workgroup (the
-/// kernel's RPW = 256 / tpr row slots, two per output row when paired).
+/// half a workgroup when the epilogue pairs rows over two slots), `rps` W rows per row slot
+/// (`opts.rows_per_slot` when forced, else [`rows_per_slot`]; the kernel's RPS: 2 shares each
+/// unit's x between two rows, a paired epilogue's two rows or two adjacent ones) and the output
+/// rows per workgroup (the kernel's RPW = 256 / tpr row slots,
+/// two per output row when paired over slots, two output rows per slot with rps 2 unpaired).
 #[derive(Clone, Copy)]
 pub(super) struct MatvecLayout {
     pub units: usize,
     pub tpr: usize,
+    pub rps: usize,
     pub out_rows_per_group: usize,
 }
 
@@ -96,18 +118,25 @@ impl MatvecLayout {
         units: usize,
         epi: Epilogue<'_>,
         staging: Staging,
-        forced: Option<usize>,
+        opts: &QOptions,
     ) -> Result<MatvecLayout> {
-        let tpr = match forced.or_else(tpr_env) {
+        // Two adjacent rows per slot need an even row count (paired rows always come in twos).
+        let rps = match opts.rows_per_slot.unwrap_or_else(|| rows_per_slot(ty)) {
+            2 if epi.paired() || rows.is_multiple_of(2) => 2,
+            _ => 1,
+        };
+        let tpr = match opts.threads_per_row.or_else(tpr_env) {
             Some(t) if t.is_power_of_two() && t <= WG => t,
             Some(t) => return Err(Error::shape(op, format!("threads_per_row {t} is not a power of two up to {WG}"))),
-            None => threads_per_row(units, rows, min_groups(ty, staging)),
+            None => threads_per_row(units, rows, rps, min_groups(ty, staging)),
         };
-        Ok(if epi.paired() {
-            let tpr = tpr.min(WG / 2);
-            MatvecLayout { units, tpr, out_rows_per_group: WG / tpr / 2 }
-        } else {
-            MatvecLayout { units, tpr, out_rows_per_group: WG / tpr }
+        Ok(match (epi.paired(), rps) {
+            (true, 1) => {
+                let tpr = tpr.min(WG / 2);
+                MatvecLayout { units, tpr, rps, out_rows_per_group: WG / tpr / 2 }
+            }
+            (true, _) => MatvecLayout { units, tpr, rps, out_rows_per_group: WG / tpr },
+            (false, _) => MatvecLayout { units, tpr, rps, out_rows_per_group: rps * WG / tpr },
         })
     }
 

@@ -160,7 +160,7 @@ fn cases(dev: &Device) -> Result<Vec<Case>> {
     let q = rand(&[1, h, t, d], 9, dev)?;
     let k = rand(&[1, h, t, d], 10, dev)?;
     let vv = rand(&[1, h, t, d], 11, dev)?;
-    let opts = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true };
+    let opts = AttentionOpts::new(d, true);
     // Causal: about half the T x T scores are visible; 4 flops per (query, key, dim).
     let att_flops = 4.0 * h as f64 * (t as f64 * (t as f64 + 1.0) / 2.0) * d as f64;
     v.push(Case {

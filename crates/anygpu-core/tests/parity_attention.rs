@@ -323,6 +323,41 @@ fn q8_rows_are_the_output_rounded() {
     }
 }
 
+/// `AttentionOpts::max_keys` (a decode step recorded for the first positions of a long cache):
+/// planned for that many keys instead of the cache's capacity (unsplit under
+/// DECODE_WHOLE_KEYS), the result is the CPU's; more keys than the horizon is an error.
+#[test]
+fn planned_horizon_matches_and_is_enforced() {
+    let _serial = serial();
+    let (hq, hkv, d, cap) = (8usize, 2usize, 64usize, 1024usize);
+    for tk in [1usize, 37, 160] {
+        let name = format!("attention horizon 160, Tk {tk} of {cap}");
+        let inputs = |dev: &Device| -> Result<(Tensor, Tensor, Tensor)> {
+            let q = t(51, &[1, hq, 1, d], dev);
+            let k = t(52, &[1, hkv, cap, d], dev).narrow(2, 0, tk)?;
+            let v = t(53, &[1, hkv, cap, d], dev).narrow(2, 0, tk)?;
+            Ok((q, k, v))
+        };
+        let opts = AttentionOpts { max_keys: Some(160), ..AttentionOpts::new(d, true) };
+        parity(&name, 2e-5, 2e-4, |dev| {
+            let (q, k, v) = inputs(dev)?;
+            if let Some(ctx) = dev.gpu() {
+                let (_, rec) = ctx.record(|| q.attention(&k, &v, &opts))?;
+                assert_eq!(rec.len(), 1, "{name} on {}: one dispatch (unsplit)", dev.name());
+            }
+            q.attention(&k, &v, &opts)?.to_vec_f32()
+        });
+    }
+    for dev in gpu_devices() {
+        let q = t(51, &[1, hq, 1, d], dev);
+        let k = t(52, &[1, hkv, cap, d], dev).narrow(2, 0, 100).unwrap();
+        let v = t(53, &[1, hkv, cap, d], dev).narrow(2, 0, 100).unwrap();
+        let opts = AttentionOpts { max_keys: Some(64), ..AttentionOpts::new(d, true) };
+        let err = q.attention(&k, &v, &opts).expect_err("keys past the horizon");
+        assert!(err.to_string().contains("horizon"), "{err} on {}", dev.name());
+    }
+}
+
 #[test]
 fn forced_splits_and_tiles() {
     let _serial = serial();

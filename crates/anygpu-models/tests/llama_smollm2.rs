@@ -262,6 +262,55 @@ fn greedy_decoding_on_the_gpu_matches_the_host() {
     }
 }
 
+/// A cache longer than the attention's short horizon (DECODE_WHOLE_KEYS) replays one recording
+/// for its first positions (the attention planned for that many keys) and another, recorded
+/// when first needed, past them: single steps and greedy runs that cross from one to the other
+/// give the per-op path's logits and tokens.
+#[test]
+fn decode_across_the_short_horizon_matches_per_op() {
+    let (file, _) = open();
+    let horizon = anygpu_core::ops::attention::DECODE_WHOLE_KEYS;
+    let prompt: Vec<u32> = (0..horizon as u32 - 3).map(|i| 10 + (i * 37) % 1000).collect();
+    for dev in gpu_devices().iter().take(2) {
+        let model = Llama::load(&file, dev, &mut |_, _| {}).expect("load");
+        let mut replayed = model.new_cache(2 * horizon).expect("cache");
+        let mut per_op = model.new_cache(2 * horizon).expect("cache");
+        model.forward(&prompt, &mut replayed, false).expect("prefill");
+        model.forward(&prompt, &mut per_op, false).expect("prefill");
+        let mut id = 42u32;
+        for step in 0..6 {
+            let a = model.decode(id, &mut replayed).expect("replayed step");
+            let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let pos = prompt.len() + step;
+            assert!(diff <= 1e-4, "step at position {pos} on {}: max logit difference {diff}", dev.name());
+            id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
+        }
+        // Greedy runs (1, 2, 4, 8 steps) from 10 positions before the horizon to past it, on a
+        // new cache (the second recording made in the middle of the runs).
+        let mut replayed = model.new_cache(2 * horizon).expect("cache");
+        let mut per_op = model.new_cache(2 * horizon).expect("cache");
+        model.forward(&prompt[..horizon - 10], &mut replayed, false).expect("prefill");
+        model.forward(&prompt[..horizon - 10], &mut per_op, false).expect("prefill");
+        let mut got = Vec::new();
+        let made = model
+            .decode_greedy(id, 24, &mut replayed, &mut |t| {
+                got.push(t);
+                true
+            })
+            .expect("greedy");
+        assert_eq!(made, 24);
+        let mut want = Vec::new();
+        for _ in 0..24 {
+            let l = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+            id = anygpu_models::sampling::argmax(&l).unwrap_or(0) as u32;
+            want.push(id);
+        }
+        assert_eq!(got, want, "greedy tokens across the horizon on {}", dev.name());
+        assert_eq!(replayed.len(), per_op.len());
+    }
+}
+
 #[test]
 fn bad_model_inputs_are_errors() {
     let (file, _) = open();

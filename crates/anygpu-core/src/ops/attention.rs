@@ -43,12 +43,18 @@ pub struct AttentionOpts {
     pub scale: f32,
     /// Query i (of Tq) sees keys j <= i + (Tk - Tq): the queries are the last Tq positions.
     pub causal: bool,
+    /// On a GPU, the most keys this call will ever see if it is recorded and replayed at other
+    /// positions (a decode step recorded for the first positions of a long cache): the key
+    /// split is planned for that many keys instead of the cache's capacity (so a short horizon
+    /// walks the keys unsplit, see [`DECODE_WHOLE_KEYS`]). More keys than this is an error.
+    /// None: the capacity.
+    pub max_keys: Option<usize>,
 }
 
 impl AttentionOpts {
     /// The usual options: scale 1/sqrt(D).
     pub fn new(head_dim: usize, causal: bool) -> AttentionOpts {
-        AttentionOpts { scale: 1.0 / (head_dim.max(1) as f32).sqrt(), causal }
+        AttentionOpts { scale: 1.0 / (head_dim.max(1) as f32).sqrt(), causal, max_keys: None }
     }
 }
 
@@ -769,7 +775,7 @@ const TARGET_WORKGROUPS: usize = 512;
 /// token (BENCHMARKS.md, twelfth session): 8B Q4_0 3.00 -> 2.91 ms, 1B F16 1.277 -> 1.229.
 /// SmolLM2's output projection merges its splits in its prologue, no dispatch: it keeps them
 /// (walked whole, 0.839 -> 0.850 ms).
-const DECODE_WHOLE_KEYS: usize = 160;
+pub const DECODE_WHOLE_KEYS: usize = 160;
 
 pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
     gpu_attention_tuned(q, k, v, opts, AttentionTuning::default())
@@ -916,6 +922,14 @@ fn plan(
         } else {
             s.tk
         }
+    };
+    // A recording's horizon (see AttentionOpts::max_keys) shortens the planned range.
+    let capacity = match opts.max_keys {
+        Some(m) if s.tk > m => {
+            return Err(Error::shape(OP, format!("{} keys past the planned horizon of {m}", s.tk)));
+        }
+        Some(m) => capacity.min(m),
+        None => capacity,
     };
     let n_ktiles = capacity.div_ceil(bk);
     let splits = match tuning.splits {

@@ -10,12 +10,19 @@
 //! step; greedy decoding ([`Llama::decode_greedy`]) leaves it, so the GPU chains steps without
 //! the host: runs of 1, 2, 4 then 8 steps per submit (one compute pass each), two runs in
 //! flight, only the 4-byte ids read back, not the logits.
+//!
+//! A cache longer than [`DECODE_WHOLE_KEYS`] positions gets two recordings: one for its first
+//! positions, whose attention is planned for that many keys (a short cache is walked unsplit,
+//! with no merge dispatch: `AttentionOpts::max_keys`), and one for every position, recorded
+//! when a step first reaches past the first (the attention then splits the keys for the
+//! cache's capacity). Both read and write the same token id, so greedy runs chain across them.
 
 use std::sync::Arc;
 
 use std::collections::VecDeque;
 
 use anygpu_core::gpu::{next_run_steps, GpuContext, Replay, ReplayTimes};
+use anygpu_core::ops::attention::DECODE_WHOLE_KEYS;
 use anygpu_core::ops::reduce::gpu_argmax_into;
 use anygpu_core::quant::gpu::gather_rows_by_buffer;
 use anygpu_core::{DType, Error, Result, Tensor};
@@ -24,14 +31,30 @@ use super::kv_cache::KvCache;
 use super::model::Llama;
 
 pub struct DecodeGraph {
-    replay: Replay,
-    /// The token id the recorded embedding lookup reads: u32 [1].
+    /// The recording for positions below DECODE_WHOLE_KEYS, when the cache is longer.
+    first: Option<Stage>,
+    /// The recording for every position (made when first needed where `first` exists).
+    all: Option<Stage>,
+    /// The token id the recorded embedding lookups read (and the argmax writes): u32 [1].
     ids: Tensor,
-    /// The recorded logits [1, V].
-    logits: Tensor,
     /// The model the recording belongs to (its weights are bound).
     model_id: u64,
     stats: DecodeStats,
+}
+
+/// One recording of the decode step, valid for positions below `end`.
+struct Stage {
+    replay: Replay,
+    /// The recorded logits [1, V].
+    logits: Tensor,
+    end: usize,
+}
+
+/// Which stage a position runs on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Which {
+    First,
+    All,
 }
 
 /// Sums over the steps run so far (see [`KvCache::decode_stats`]).
@@ -68,40 +91,37 @@ pub fn enabled() -> bool {
 }
 
 impl DecodeGraph {
-    /// Records the decode step of `model` on `cache` (whose length is left as it was).
+    /// Records the decode step of `model` on `cache` (whose length is left as it was): for its
+    /// first positions only where the cache is longer than [`DECODE_WHOLE_KEYS`] (see the module
+    /// docs), else for all of them.
     pub fn build(model: &Llama, cache: &mut KvCache) -> Result<DecodeGraph> {
-        let ctx: Arc<GpuContext> =
-            model.device().gpu().ok_or_else(|| Error::mismatch("decode graph", "the model is not on a GPU"))?.clone();
-        let cap = cache.capacity();
-        if cap < 3 {
-            return Err(Error::shape("decode graph", "the context is too short to record a decode step"));
-        }
         let ids = Tensor::zeros([1], DType::U32, model.device())?;
-        let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
-        let len = cache.len();
-        // Three distinct positions: two to fit the parameters, the last one to check the fit.
-        let positions = [0, 1, cap - 1];
-        let recorded: Result<Vec<_>> = positions
-            .iter()
-            .map(|&p| {
-                cache.set_len(p);
-                let (out, rec) = ctx.record(|| {
-                    let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
-                    let logits = model.forward_embedded(x, cache, false)?;
-                    // The greedy choice becomes the next step's input (see the module docs).
-                    gpu_argmax_into(&logits, &ids)?;
-                    Ok(logits)
-                })?;
-                Ok((out, (p as u32, rec)))
-            })
-            .collect();
-        cache.set_len(len);
-        let (outs, recs): (Vec<Tensor>, Vec<_>) = recorded?.into_iter().unzip();
-        let replay = Replay::new(&ctx, recs)?;
-        // The first recording's buffers are the replayed ones: its logits are the output.
-        let logits = outs.into_iter().next().ok_or_else(|| Error::gpu("decode graph", "nothing was recorded"))?;
-        let stats = DecodeStats { dispatches: replay.len(), ..Default::default() };
-        Ok(DecodeGraph { replay, ids, logits, model_id: model.id(), stats })
+        let (first, all) = match cache.capacity() > DECODE_WHOLE_KEYS {
+            true => (Some(Stage::record(model, cache, &ids, DECODE_WHOLE_KEYS)?), None),
+            false => (None, Some(Stage::record(model, cache, &ids, cache.capacity())?)),
+        };
+        let dispatches = first.as_ref().or(all.as_ref()).map_or(0, |s| s.replay.len());
+        let stats = DecodeStats { dispatches, ..Default::default() };
+        Ok(DecodeGraph { first, all, ids, model_id: model.id(), stats })
+    }
+
+    /// The stage that runs position `pos`, recording the one for all positions if needed.
+    fn stage_for(&mut self, model: &Llama, cache: &mut KvCache, pos: usize) -> Result<Which> {
+        if self.first.as_ref().is_some_and(|s| pos < s.end) {
+            return Ok(Which::First);
+        }
+        if self.all.is_none() {
+            self.all = Some(Stage::record(model, cache, &self.ids, cache.capacity())?);
+        }
+        Ok(Which::All)
+    }
+
+    fn stage(&mut self, w: Which) -> Result<&mut Stage> {
+        match w {
+            Which::First => self.first.as_mut(),
+            Which::All => self.all.as_mut(),
+        }
+        .ok_or_else(|| Error::gpu("decode graph", "stage not recorded"))
     }
 
     pub fn belongs_to(&self, model: &Llama) -> bool {
@@ -109,8 +129,16 @@ impl DecodeGraph {
     }
 
     /// GPU time per op of one decode step at the cache's position (see `Replay::profile`).
+    /// (The stage that covers the position, or the recorded one at its last position.)
     pub fn profile(&mut self, cache: &KvCache) -> Result<Option<Vec<(String, usize, f64)>>> {
-        self.replay.profile(cache.len().min(cache.capacity().saturating_sub(1)) as u32)
+        let pos = cache.len().min(cache.capacity().saturating_sub(1));
+        let stage = match (&mut self.first, &mut self.all) {
+            (Some(f), _) if pos < f.end => f,
+            (_, Some(a)) => a,
+            (Some(f), None) => f,
+            (None, None) => return Ok(None),
+        };
+        stage.replay.profile(pos.min(stage.end - 1) as u32)
     }
 
     pub fn stats(&self) -> DecodeStats {
@@ -134,9 +162,10 @@ impl DecodeGraph {
         if first as usize >= n_vocab {
             return Err(Error::Index { op: "token id", index: first as i64, len: n_vocab });
         }
-        let idbuf = self.ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
-        // (ticket, steps) of the runs in flight, and the steps of the run being handed out that
-        // the host has not seen yet: all of them are in the cache already.
+        let ids = self.ids.clone();
+        let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        // (ticket, steps, stage) of the runs in flight, and the steps of the run being handed
+        // out that the host has not seen yet: all of them are in the cache already.
         let mut in_flight = VecDeque::new();
         let mut unseen = 0;
         let (mut submitted, mut made) = (0, 0);
@@ -146,7 +175,10 @@ impl DecodeGraph {
         let result = (|| -> Result<()> {
             loop {
                 while submitted < max && in_flight.len() < 2 {
-                    let room = cache.capacity().saturating_sub(cache.len());
+                    // A run stays within one stage (the first one's end cuts it short).
+                    let which = self.stage_for(model, cache, cache.len())?;
+                    let end = self.stage(which)?.end;
+                    let room = end.saturating_sub(cache.len());
                     let steps = (max - submitted).min(run_steps).min(room.max(1));
                     run_steps = next_run_steps(run_steps);
                     model.check_room(cache, steps)?;
@@ -155,13 +187,14 @@ impl DecodeGraph {
                     let first_bytes = first.to_le_bytes();
                     let inputs: &[(&anygpu_core::gpu::GpuBuffer, &[u8])] =
                         if submitted == 0 { &[(idbuf, &first_bytes)] } else { &[] };
-                    let ticket = self.replay.submit_steps(pos, steps, inputs, idbuf, 4)?;
-                    in_flight.push_back((ticket, steps));
+                    let ticket = self.stage(which)?.replay.submit_steps(pos, steps, inputs, idbuf, 4)?;
+                    in_flight.push_back((ticket, steps, which));
                     cache.advance(steps);
                     submitted += steps;
                 }
-                let Some((ticket, steps)) = in_flight.pop_front() else { return Ok(()) };
-                let bytes = self.replay.wait(ticket)?;
+                let Some((ticket, steps, which)) = in_flight.pop_front() else { return Ok(()) };
+                let bytes = self.stage(which)?.replay.wait(ticket)?;
+                let times = self.stage(which)?.replay.last_times();
                 unseen = steps;
                 // A run's own time overlaps its neighbours': per token is the time between runs
                 // over the tokens they made.
@@ -171,7 +204,7 @@ impl DecodeGraph {
                     let token = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
                     made += 1;
                     unseen -= 1;
-                    self.stats.add(self.replay.last_times(), per_token);
+                    self.stats.add(times, per_token);
                     if !on_token(token) {
                         return Ok(());
                     }
@@ -180,8 +213,10 @@ impl DecodeGraph {
         })();
         // Steps the host did not take (after a stop or an error) are waited for and forgotten.
         let mut forget = unseen;
-        for (ticket, steps) in in_flight.drain(..) {
-            let _ = self.replay.wait(ticket);
+        for (ticket, steps, which) in in_flight.drain(..) {
+            if let Ok(stage) = self.stage(which) {
+                let _ = stage.replay.wait(ticket);
+            }
             forget += steps;
         }
         cache.truncate(cache.len().saturating_sub(forget));
@@ -196,13 +231,56 @@ impl DecodeGraph {
             return Err(Error::Index { op: "token id", index: token as i64, len: n_vocab });
         }
         let pos = u32::try_from(cache.len()).map_err(|_| Error::shape("decode graph", "position exceeds u32"))?;
-        let idbuf = self.ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
-        let out = self.logits.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "logits not on the GPU"))?;
-        let bytes = self.replay.run(pos, &[(idbuf, &token.to_le_bytes())], out, (n_vocab * 4) as u64)?;
+        let which = self.stage_for(model, cache, cache.len())?;
+        let ids = self.ids.clone();
+        let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        let stage = self.stage(which)?;
+        let out = stage.logits.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "logits not on the GPU"))?;
+        let bytes = stage.replay.run(pos, &[(idbuf, &token.to_le_bytes())], out, (n_vocab * 4) as u64)?;
         cache.advance(1);
-        let times = self.replay.last_times();
+        let times = stage.replay.last_times();
         self.stats.add(times, times.total_s);
         Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n_vocab * 4]).to_vec())
+    }
+}
+
+impl Stage {
+    /// Records the decode step of `model` on `cache` for positions below `end` (the cache's
+    /// capacity, or fewer: the attention is then planned for `end` keys), reading and writing
+    /// the token id in `ids`; the cache's length is left as it was.
+    fn record(model: &Llama, cache: &mut KvCache, ids: &Tensor, end: usize) -> Result<Stage> {
+        let ctx: Arc<GpuContext> =
+            model.device().gpu().ok_or_else(|| Error::mismatch("decode graph", "the model is not on a GPU"))?.clone();
+        let end = end.min(cache.capacity());
+        if end < 3 {
+            return Err(Error::shape("decode graph", "the context is too short to record a decode step"));
+        }
+        let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
+        let len = cache.len();
+        cache.attention_horizon = (end < cache.capacity()).then_some(end);
+        // Three distinct positions: two to fit the parameters, the last one to check the fit.
+        let positions = [0, 1, end - 1];
+        let recorded: Result<Vec<_>> = positions
+            .iter()
+            .map(|&p| {
+                cache.set_len(p);
+                let (out, rec) = ctx.record(|| {
+                    let x = gather_rows_by_buffer(model.token_embd(), idbuf, 1)?;
+                    let logits = model.forward_embedded(x, cache, false)?;
+                    // The greedy choice becomes the next step's input (see the module docs).
+                    gpu_argmax_into(&logits, ids)?;
+                    Ok(logits)
+                })?;
+                Ok((out, (p as u32, rec)))
+            })
+            .collect();
+        cache.set_len(len);
+        cache.attention_horizon = None;
+        let (outs, recs): (Vec<Tensor>, Vec<_>) = recorded?.into_iter().unzip();
+        let replay = Replay::new(&ctx, recs)?;
+        // The first recording's buffers are the replayed ones: its logits are the output.
+        let logits = outs.into_iter().next().ok_or_else(|| Error::gpu("decode graph", "nothing was recorded"))?;
+        Ok(Stage { replay, logits, end })
     }
 }
 

@@ -18,6 +18,9 @@ pub struct KvCache {
     pub(crate) graph: Option<DecodeGraph>,
     /// Recording was tried and failed: do not try again for this cache.
     pub(crate) graph_failed: bool,
+    /// While a decode step is recorded for the first positions only: how many (the attention
+    /// plans for that many keys, `AttentionOpts::max_keys`; see `decode_graph`).
+    pub(crate) attention_horizon: Option<usize>,
 }
 
 impl KvCache {
@@ -29,7 +32,7 @@ impl KvCache {
         let mk = || Tensor::zeros(shape, DType::F32, device);
         let keys = (0..cfg.n_layer).map(|_| mk()).collect::<Result<Vec<_>>>()?;
         let values = (0..cfg.n_layer).map(|_| mk()).collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { keys, values, len: 0, capacity: n_ctx, graph: None, graph_failed: false })
+        Ok(KvCache { keys, values, len: 0, capacity: n_ctx, graph: None, graph_failed: false, attention_horizon: None })
     }
 
     /// Positions filled.

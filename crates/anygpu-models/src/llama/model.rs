@@ -353,7 +353,7 @@ impl Llama {
         self.check_room(cache, t)?;
         let pos = cache.len();
         let (h, hkv, d) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true };
+        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys: cache.attention_horizon };
         let mut x = x;
         for (li, b) in self.blocks.iter().enumerate() {
             // The RMSNorms run inside the products that read them (fused on a GPU for a few

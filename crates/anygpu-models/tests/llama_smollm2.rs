@@ -170,6 +170,10 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     }
 }
 
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}
+
 /// The decode step replayed from its recording (GPU) gives the logits of the per-op path, at
 /// positions past the ones it was recorded at, after a prefill, and after the cache is cleared;
 /// on a cache too short to record it falls back to the per-op path.
@@ -193,7 +197,7 @@ fn replayed_decode_matches_per_op_decode() {
             for step in 0..4 {
                 let a = model.decode(id, &mut replayed).expect("replayed step");
                 let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
-                let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                let diff = max_abs_diff(&a, &b);
                 assert!(diff <= 1e-4, "step {step} after {len} tokens on {}: max logit difference {diff}", dev.name());
                 id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
             }
@@ -244,7 +248,7 @@ fn greedy_decoding_on_the_gpu_matches_the_host() {
         assert_eq!(gpu.len(), prompt.len() + 4, "the cache after a stop on {}", dev.name());
         let a = model.decode(id, &mut gpu).expect("a step after the stop");
         let b = model.forward(&[id], &mut host, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
-        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let diff = max_abs_diff(&a, &b);
         assert!(diff <= 1e-4, "after greedy decoding on {}: max logit difference {diff}", dev.name());
         // The limit: exactly `max` tokens, every one of them fed but the last.
         let before = gpu.len();
@@ -281,7 +285,7 @@ fn decode_across_the_short_horizon_matches_per_op() {
         for step in 0..6 {
             let a = model.decode(id, &mut replayed).expect("replayed step");
             let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
-            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let diff = max_abs_diff(&a, &b);
             let pos = prompt.len() + step;
             assert!(diff <= 1e-4, "step at position {pos} on {}: max logit difference {diff}", dev.name());
             id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;

@@ -60,7 +60,7 @@ enum Which {
 /// Sums over the steps run so far (see [`KvCache::decode_stats`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecodeStats {
-    /// Dispatches per step.
+    /// Dispatches per step (of the recording the last step ran).
     pub dispatches: usize,
     pub steps: usize,
     pub encode_s: f64,
@@ -117,11 +117,13 @@ impl DecodeGraph {
     }
 
     fn stage(&mut self, w: Which) -> Result<&mut Stage> {
-        match w {
+        let stage = match w {
             Which::First => self.first.as_mut(),
             Which::All => self.all.as_mut(),
         }
-        .ok_or_else(|| Error::gpu("decode graph", "stage not recorded"))
+        .ok_or_else(|| Error::gpu("decode graph", "stage not recorded"))?;
+        self.stats.dispatches = stage.replay.len();
+        Ok(stage)
     }
 
     pub fn belongs_to(&self, model: &Llama) -> bool {

@@ -85,6 +85,13 @@ impl DecodeStats {
     }
 }
 
+/// `ANYGPU_DECODE_FIRST=0` (read once): one recording for every position, as before the first
+/// positions had their own (for comparisons).
+fn first_stage_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("ANYGPU_DECODE_FIRST").is_ok_and(|v| v == "0"))
+}
+
 /// Whether decode steps use the recorded graph (default on; `ANYGPU_DECODE_GRAPH=0` turns it off).
 pub fn enabled() -> bool {
     std::env::var("ANYGPU_DECODE_GRAPH").map(|v| v != "0").unwrap_or(true)
@@ -96,7 +103,7 @@ impl DecodeGraph {
     /// docs), else for all of them.
     pub fn build(model: &Llama, cache: &mut KvCache) -> Result<DecodeGraph> {
         let ids = Tensor::zeros([1], DType::U32, model.device())?;
-        let (first, all) = match cache.capacity() > DECODE_WHOLE_KEYS {
+        let (first, all) = match cache.capacity() > DECODE_WHOLE_KEYS && !first_stage_off() {
             true => (Some(Stage::record(model, cache, &ids, DECODE_WHOLE_KEYS)?), None),
             false => (None, Some(Stage::record(model, cache, &ids, cache.capacity())?)),
         };

@@ -13,9 +13,10 @@
 //!
 //! A cache longer than [`DECODE_WHOLE_KEYS`] positions gets two recordings: one for its first
 //! positions, whose attention is planned for that many keys (a short cache is walked unsplit,
-//! with no merge dispatch: `AttentionOpts::max_keys`), and one for every position, recorded
-//! when a step first reaches past the first (the attention then splits the keys for the
-//! cache's capacity). Both read and write the same token id, so greedy runs chain across them.
+//! with no merge dispatch: `AttentionOpts::max_keys`), and one for every position (the
+//! attention then splits the keys for the cache's capacity), each recorded when a step first
+//! needs it (a conversation that starts past the first positions never records them). Both read
+//! and write the same token id, so greedy runs chain across them.
 
 use std::sync::Arc;
 
@@ -31,9 +32,10 @@ use super::kv_cache::KvCache;
 use super::model::Llama;
 
 pub struct DecodeGraph {
-    /// The recording for positions below DECODE_WHOLE_KEYS, when the cache is longer.
+    /// The recording for positions below DECODE_WHOLE_KEYS, when the cache is longer (made
+    /// when a step first needs it, as `all`).
     first: Option<Stage>,
-    /// The recording for every position (made when first needed where `first` exists).
+    /// The recording for every position.
     all: Option<Stage>,
     /// The token id the recorded embedding lookups read (and the argmax writes): u32 [1].
     ids: Tensor,
@@ -98,23 +100,24 @@ pub fn enabled() -> bool {
 }
 
 impl DecodeGraph {
-    /// Records the decode step of `model` on `cache` (whose length is left as it was): for its
-    /// first positions only where the cache is longer than [`DECODE_WHOLE_KEYS`] (see the module
-    /// docs), else for all of them.
+    /// Records the decode step of `model` on `cache` (whose length is left as it was) for the
+    /// cache's position: the first positions' stage or the all-positions one (see the module
+    /// docs; the other is recorded when a step first needs it).
     pub fn build(model: &Llama, cache: &mut KvCache) -> Result<DecodeGraph> {
         let ids = Tensor::zeros([1], DType::U32, model.device())?;
-        let (first, all) = match cache.capacity() > DECODE_WHOLE_KEYS && !first_stage_off() {
-            true => (Some(Stage::record(model, cache, &ids, DECODE_WHOLE_KEYS)?), None),
-            false => (None, Some(Stage::record(model, cache, &ids, cache.capacity())?)),
-        };
-        let dispatches = first.as_ref().or(all.as_ref()).map_or(0, |s| s.replay.len());
-        let stats = DecodeStats { dispatches, ..Default::default() };
-        Ok(DecodeGraph { first, all, ids, model_id: model.id(), stats })
+        let mut g = DecodeGraph { first: None, all: None, ids, model_id: model.id(), stats: DecodeStats::default() };
+        let w = g.stage_for(model, cache, cache.len())?;
+        g.stage(w)?;
+        Ok(g)
     }
 
-    /// The stage that runs position `pos`, recording the one for all positions if needed.
+    /// The stage that runs position `pos`, recorded now if it was not yet: the first
+    /// positions' one below DECODE_WHOLE_KEYS of a longer cache, else the all-positions one.
     fn stage_for(&mut self, model: &Llama, cache: &mut KvCache, pos: usize) -> Result<Which> {
-        if self.first.as_ref().is_some_and(|s| pos < s.end) {
+        if cache.capacity() > DECODE_WHOLE_KEYS && pos < DECODE_WHOLE_KEYS && !first_stage_off() {
+            if self.first.is_none() {
+                self.first = Some(Stage::record(model, cache, &self.ids, DECODE_WHOLE_KEYS)?);
+            }
             return Ok(Which::First);
         }
         if self.all.is_none() {

@@ -10,7 +10,7 @@ use anygpu_core::testing::gpu_devices;
 use anygpu_core::Device;
 use anygpu_models::generate::{generate, perplexity};
 use anygpu_models::gguf::GgufFile;
-use anygpu_models::llama::Llama;
+use anygpu_models::llama::{KvCache, Llama};
 use anygpu_models::sampling::{Sampler, SamplingParams};
 use anygpu_models::tokenizer::{LlmTokenizer, TokenizerSpec};
 use serde_json::Value;
@@ -174,6 +174,29 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
 
+/// `steps` decode steps from `first` on `replayed` (the recorded step) give the logits of the
+/// per-op path on `per_op` (within 1e-4), each step feeding the argmax to the next; returns
+/// the last argmax.
+fn steps_match_per_op(
+    model: &Llama,
+    replayed: &mut KvCache,
+    per_op: &mut KvCache,
+    first: u32,
+    steps: usize,
+    dev: &Device,
+) -> u32 {
+    let mut id = first;
+    for _ in 0..steps {
+        let pos = replayed.len();
+        let a = model.decode(id, replayed).expect("replayed step");
+        let b = model.forward(&[id], per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
+        let diff = max_abs_diff(&a, &b);
+        assert!(diff <= 1e-4, "step at position {pos} on {}: max logit difference {diff}", dev.name());
+        id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
+    }
+    id
+}
+
 /// The decode step replayed from its recording (GPU) gives the logits of the per-op path, at
 /// positions past the ones it was recorded at, after a prefill, and after the cache is cleared;
 /// on a cache too short to record it falls back to the per-op path.
@@ -193,14 +216,7 @@ fn replayed_decode_matches_per_op_decode() {
                 model.forward(&prompt, &mut replayed, false).expect("prefill");
                 model.forward(&prompt, &mut per_op, false).expect("prefill");
             }
-            let mut id = 42u32;
-            for step in 0..4 {
-                let a = model.decode(id, &mut replayed).expect("replayed step");
-                let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
-                let diff = max_abs_diff(&a, &b);
-                assert!(diff <= 1e-4, "step {step} after {len} tokens on {}: max logit difference {diff}", dev.name());
-                id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
-            }
+            steps_match_per_op(&model, &mut replayed, &mut per_op, 42, 4, dev);
             assert!(replayed.decode_stats().is_some_and(|s| s.steps == 4), "the replay ran on {}", dev.name());
             assert_eq!(replayed.len(), len + 4);
             replayed.clear();
@@ -281,15 +297,7 @@ fn decode_across_the_short_horizon_matches_per_op() {
         let mut per_op = model.new_cache(2 * horizon).expect("cache");
         model.forward(&prompt, &mut replayed, false).expect("prefill");
         model.forward(&prompt, &mut per_op, false).expect("prefill");
-        let mut id = 42u32;
-        for step in 0..6 {
-            let a = model.decode(id, &mut replayed).expect("replayed step");
-            let b = model.forward(&[id], &mut per_op, false).and_then(|t| t.to_vec_f32()).expect("per-op step");
-            let diff = max_abs_diff(&a, &b);
-            let pos = prompt.len() + step;
-            assert!(diff <= 1e-4, "step at position {pos} on {}: max logit difference {diff}", dev.name());
-            id = anygpu_models::sampling::argmax(&a).unwrap_or(0) as u32;
-        }
+        let mut id = steps_match_per_op(&model, &mut replayed, &mut per_op, 42, 6, dev);
         // Greedy runs (1, 2, 4, 8 steps) from 10 positions before the horizon to past it, on a
         // new cache (the second recording made in the middle of the runs).
         let mut replayed = model.new_cache(2 * horizon).expect("cache");

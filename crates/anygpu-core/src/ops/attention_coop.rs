@@ -142,6 +142,14 @@ pub fn spec(d: usize, emulated: bool) -> KernelSpec {
     spec.constant_u32("D", d)
 }
 
+/// Whether [`gpu_attention_coop`] runs this call (a GPU, the device and operands it takes): its
+/// f16 operands round the scores, so tests compare it to the CPU with a wider tolerance.
+pub fn takes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<bool> {
+    let s = check(q, k, v)?;
+    let Some(ctx) = q.device().gpu() else { return Ok(false) };
+    Ok(!off_by_env() && usable(ctx, &s, k, v, EMULATED.load(Ordering::Relaxed)))
+}
+
 /// Attention on cooperative matrices, or `None` where it does not apply (see the module docs).
 pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Option<Tensor>> {
     let s = check(q, k, v)?;

@@ -212,12 +212,42 @@ fn keys_in_a_longer_cache() {
     }
 }
 
+/// The decode kernel (one query position over a short cache, every key at once) against the
+/// CPU: query heads per KV head 1 to 8, head dims 32 to 256, batches of two, keys from one to
+/// the planned 160, so that its scores and P V take one batch of loads or several (wide heads,
+/// many query heads), and rows of a cache longer than they are (the cache's strides).
+#[test]
+fn decode_kernel_matches_cpu() {
+    use anygpu_core::ops::attention::takes_decode_kernel;
+    let _serial = serial();
+    // (B, Hq, Hkv, D)
+    for (b, hq, hkv, d) in [(2usize, 8usize, 1usize, 128usize), (1, 4, 2, 256), (2, 5, 5, 32), (1, 9, 3, 64)] {
+        for tk in [1usize, 33, 97, 160] {
+            let name = format!("decode kernel B{b} Hq{hq} Hkv{hkv} D{d} Tk {tk} of 160");
+            parity(&name, 2e-5, 2e-4, |dev| {
+                let q = t(51, &[b, hq, 1, d], dev);
+                let k = t(52, &[b, hkv, 160, d], dev).narrow(2, 0, tk)?;
+                let v = t(53, &[b, hkv, 160, d], dev).narrow(2, 0, tk)?;
+                let opts = AttentionOpts::new(d, true);
+                if let Some(ctx) = dev.gpu() {
+                    let wide_lanes = ctx.caps.subgroup && ctx.caps.subgroup_min_size >= 8;
+                    let taken = takes_decode_kernel(&q, &k, &v, &opts)?;
+                    assert_eq!(taken, wide_lanes, "{name} on {}: the decode kernel", dev.name());
+                }
+                q.attention(&k, &v, &opts)?.to_vec_f32()
+            });
+        }
+    }
+}
+
 /// Decode over a short cache (capacity 160, `DECODE_WHOLE_KEYS`) runs unsplit, one dispatch,
 /// where a longer one (512) is split and merged by a second; the partials a caller merges
-/// itself stay split at either length. Results against the CPU at 1, 37 and 150 keys.
+/// itself stay split at either length, except where the short cache takes the decode kernel
+/// (subgroups of at least 8: every key at once, unsplit for every caller). Results against the
+/// CPU at 1, 37 and 150 keys.
 #[test]
 fn short_caches_are_walked_whole() {
-    use anygpu_core::ops::attention::gpu_attention_partial_splits;
+    use anygpu_core::ops::attention::{gpu_attention_partial_splits, takes_decode_kernel};
     let _serial = serial();
     for (cap, want_dispatches) in [(160usize, 1usize), (512, 2)] {
         for tk in [1usize, 37, 150] {
@@ -230,7 +260,11 @@ fn short_caches_are_walked_whole() {
                 if let Some(ctx) = dev.gpu() {
                     let (_, rec) = ctx.record(|| q.attention(&k, &v, &opts))?;
                     assert_eq!(rec.len(), want_dispatches, "{name} on {}: dispatches", dev.name());
-                    assert!(gpu_attention_partial_splits(&q, &k, &v, &opts)? > 1, "{name}: partials not split");
+                    let decode = takes_decode_kernel(&q, &k, &v, &opts)?;
+                    let wide_lanes = ctx.caps.subgroup && ctx.caps.subgroup_min_size >= 8;
+                    assert_eq!(decode, cap == 160 && wide_lanes, "{name} on {}: the decode kernel", dev.name());
+                    let splits = gpu_attention_partial_splits(&q, &k, &v, &opts)?;
+                    assert_eq!(splits == 1, decode, "{name} on {}: partials split {splits} ways", dev.name());
                 }
                 q.attention(&k, &v, &opts)?.to_vec_f32()
             });

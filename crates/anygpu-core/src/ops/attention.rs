@@ -20,7 +20,9 @@
 //! fill the GPU, as in decode. [`Tensor::attention_partials`] stops after the first pass, for
 //! a consumer that merges the splits itself (the decode step's output projection,
 //! `QTensor::qmatmul_add_combined`). Runs of at least 64 queries (prefill) take the
-//! tensor-core kernel of `attention_coop.rs` instead where the device has cooperative matrices.
+//! tensor-core kernel of `attention_coop.rs` instead where the device has cooperative matrices;
+//! a decode step over a short cache (at most `DECODE_WHOLE_KEYS` planned keys, not split) takes
+//! the kernel of `attention_decode.rs`, which scores every key at once.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -28,6 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::prelude::*;
 
+use super::attention_decode;
 use super::elementwise::buf;
 use super::{gpu_of, same_device, to_u32};
 use crate::error::{Error, Result};
@@ -36,6 +39,9 @@ use crate::quant::gpu::Q8Rows;
 use crate::tensor::{CpuStorage, DType, Tensor};
 
 const OP: &str = "attention";
+
+/// The kernels' `Params` struct (attention.wgsl, attention_decode.wgsl), in their headers.
+pub(super) const ATTENTION_PARAMS_WGSL: &str = include_str!("attention_params.wgsl");
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionOpts {
@@ -655,6 +661,16 @@ fn round_q8_header(ctx: &GpuContext, binding: u32) -> String {
     )
 }
 
+/// Whether the rows of K and V start on a 4-element boundary with unit stride (loaded a vec4 at a
+/// time).
+fn kv_vec(s: &Dims, k: &Tensor, v: &Tensor) -> bool {
+    let aligned = |t: &Tensor| {
+        let l = t.layout();
+        l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|x| x.is_multiple_of(4))
+    };
+    s.d.is_multiple_of(4) && aligned(k) && aligned(v)
+}
+
 fn attention_pipeline(
     ctx: &GpuContext,
     s: &Dims,
@@ -666,12 +682,7 @@ fn attention_pipeline(
     let u = |x: usize| to_u32(OP, x);
     let ts = tiles.strides(s.d);
     let kv_f16 = k.dtype() == DType::F16;
-    // Rows of K and V that start on a 4-element boundary with unit stride load a vec4 at a time.
-    let aligned = |t: &Tensor| {
-        let l = t.layout();
-        l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|x| x.is_multiple_of(4))
-    };
-    let kv_vec = s.d.is_multiple_of(4) && aligned(k) && aligned(v);
+    let kv_vec = kv_vec(s, k, v);
     let ld = (tiles.bk as u64 * ts.kw4).div_ceil(tiles.nt() as u64) as u32;
     let spec = KernelSpec::new(
         format!(
@@ -688,6 +699,7 @@ fn attention_pipeline(
         include_str!("attention.wgsl"),
         "attention",
     )
+    .with(ATTENTION_PARAMS_WGSL)
     .constant_u32("D", u(s.d)?)
     .constant_u32("D4", ts.d4 as u32)
     .constant_u32("BQ", tiles.bq)
@@ -773,8 +785,11 @@ const TARGET_WORKGROUPS: usize = 512;
 /// 10.0 + 7.5, 256 keys 21.3 vs 10.0 + 8.0; D = 64, 13.6 vs 9.6 + 7.3, 19.2 vs 9.6 + 7.5 (about
 /// 1.5 µs more per 32-key tile walked alone). Decode step at a 129-position cache, GPU pass per
 /// token (BENCHMARKS.md, twelfth session): 8B Q4_0 3.00 -> 2.91 ms, 1B F16 1.277 -> 1.229.
-/// SmolLM2's output projection merges its splits in its prologue, no dispatch: it keeps them
-/// (walked whole, 0.839 -> 0.850 ms).
+/// SmolLM2's output projection merges its splits in its prologue, no dispatch: it kept them
+/// (walked whole by the flash kernel, 0.839 -> 0.850 ms) until the decode kernel
+/// (attention_decode.rs) walked such caches faster than splits (SmolLM2 0.836 -> 0.806 ms, 1B
+/// Q4_0 0.81 -> 0.75 ms; BENCHMARKS.md, fifteenth session): where it applies, every caller's
+/// short cache is unsplit.
 pub const DECODE_WHOLE_KEYS: usize = 160;
 
 pub fn gpu_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Tensor> {
@@ -862,6 +877,34 @@ impl AttentionPartials {
     }
 }
 
+/// The keys a call is planned for: the keys' allocated length (a KV cache view [B, Hkv, len,
+/// D] of [.., capacity, D] has strides[1] / strides[2] == capacity), not `tk`, so that the grid
+/// stays the same while the cache fills and a recorded decode step replays at every position
+/// (splits past `tk` return at once and write nothing: the merges read only the first
+/// ceil(tk / split_len) splits); a recording's horizon (AttentionOpts::max_keys) shortens it.
+fn planned_keys(s: &Dims, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<usize> {
+    let st = &k.layout().strides;
+    let capacity = match st[2] > 0 && st[1].is_multiple_of(st[2]) && st[1] / st[2] >= s.tk {
+        true if st[1] == v.layout().strides[1] => st[1] / st[2],
+        _ => s.tk,
+    };
+    match opts.max_keys {
+        Some(m) if s.tk > m => Err(Error::shape(OP, format!("{} keys past the planned horizon of {m}", s.tk))),
+        Some(m) => Ok(capacity.min(m)),
+        None => Ok(capacity),
+    }
+}
+
+/// Whether a call runs on the decode kernel (`attention_decode.wgsl`): a GPU, one query
+/// position over a short planned range (see `plan`), operands it takes. For tests.
+#[doc(hidden)]
+pub fn takes_decode_kernel(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<bool> {
+    if q.device().gpu().is_none() {
+        return Ok(false);
+    }
+    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch, false)?.is_some_and(|p| p.decode))
+}
+
 /// What one attention call dispatches: its kernel, grid, params and key splits.
 struct Plan {
     ctx: Arc<GpuContext>,
@@ -873,6 +916,8 @@ struct Plan {
     /// The kernel also rounds the output rows to 8-bit blocks (its ROUND_Q8 variant: one
     /// split, asked for by `gpu_attention_q8`).
     rounds: bool,
+    /// The kernel is the decode one (attention_decode.rs), not the flash one.
+    decode: bool,
 }
 
 /// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
@@ -910,34 +955,18 @@ fn plan(
     let n_rblocks = rows.div_ceil(tiles.bq as usize);
     let base_wgs = s.b * s.hkv * n_rblocks;
     let bk = tiles.bk as usize;
-    // The key-range split is planned for the keys' allocated length (a KV cache view
-    // [B, Hkv, len, D] of [.., capacity, D] has strides[1] / strides[2] == capacity), not
-    // for `tk`: the grid then stays the same while the cache fills, so a recorded decode step
-    // replays at every position (splits past `tk` return at once and write nothing: the merges
-    // read only the first ceil(tk / split_len) splits).
-    let capacity = {
-        let st = &k.layout().strides;
-        if st[2] > 0 && st[1].is_multiple_of(st[2]) && st[1] / st[2] >= s.tk && st[1] == v.layout().strides[1] {
-            st[1] / st[2]
-        } else {
-            s.tk
-        }
-    };
-    // A recording's horizon (see AttentionOpts::max_keys) shortens the planned range.
-    let capacity = match opts.max_keys {
-        Some(m) if s.tk > m => {
-            return Err(Error::shape(OP, format!("{} keys past the planned horizon of {m}", s.tk)));
-        }
-        Some(m) => capacity.min(m),
-        None => capacity,
-    };
+    let capacity = planned_keys(&s, k, v, opts)?;
     let n_ktiles = capacity.div_ceil(bk);
+    let untuned = tuning.splits.is_none() && tuning.tiles.is_none();
+    let decode_kernel = untuned && attention_decode::applies(&ctx, &s, capacity, k, kv_vec(&s, k, v));
     let splits = match tuning.splits {
         Some(n) => n.clamp(1, n_ktiles),
         // Decode over a short cache walks it whole where the splits would be merged by a
         // dispatch of their own: it costs more than the few tiles a workgroup walks alone (see
-        // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split.
-        None if rows <= 16 && capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch => 1,
+        // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split, unless the
+        // decode kernel takes the call (it beats the splits and their merge in the caller's
+        // prologue: BENCHMARKS.md, fifteenth session).
+        None if rows <= 16 && capacity <= DECODE_WHOLE_KEYS && (merge == Merge::Dispatch || decode_kernel) => 1,
         // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1 for
         // a few query rows: decode).
         None if base_wgs < TARGET_WORKGROUPS => {
@@ -977,10 +1006,28 @@ fn plan(
         // The strides `gpu_output` gives (the partials ignore them).
         os: [u(s.hq * s.tq * s.d)?, u(s.d)?, u(s.hq * s.d)?, 1],
     };
-    let rounds = round && splits == 1 && tiles.nt().is_multiple_of(8);
-    let pipeline = attention_pipeline(&ctx, &s, tiles, k, v, rounds)?;
-    let n_wg = u(splits * base_wgs)?;
-    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds }))
+    // A decode step not split takes the kernel that scores every key at once where its planned
+    // keys fit (attention_decode.rs); tuned calls keep the flash kernel (tests compare them).
+    let decode = match splits == 1 && decode_kernel {
+        true => attention_decode::decode_pipeline(
+            &ctx,
+            &s,
+            capacity,
+            k,
+            kv_vec(&s, k, v),
+            round.then(|| round_q8_header(&ctx, 5)),
+        )?,
+        false => None,
+    };
+    let decode_taken = decode.is_some();
+    let (pipeline, n_wg, rounds) = match decode {
+        Some((pipeline, n_wg)) => (pipeline, n_wg, round),
+        None => {
+            let rounds = round && splits == 1 && tiles.nt().is_multiple_of(8);
+            (attention_pipeline(&ctx, &s, tiles, k, v, rounds)?, u(splits * base_wgs)?, rounds)
+        }
+    };
+    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds, decode: decode_taken }))
 }
 
 impl Plan {

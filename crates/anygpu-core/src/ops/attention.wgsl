@@ -41,29 +41,7 @@
 // and rounded to 8-bit blocks for the output projection (ROUND_Q8_ATTENTION in attention.rs).
 // Scores are in the log2 domain: Q is pre-multiplied by scale * log2(e), so exp2 replaces exp.
 
-struct Params {
-    batch: u32,
-    hkv: u32,
-    g: u32,
-    tq: u32,
-    tk: u32,
-    rows: u32,
-    n_rblocks: u32,
-    n_splits: u32,
-    split_len: u32,
-    causal: u32,
-    scale: f32,
-    d4: u32,
-    q_off: u32,
-    k_off: u32,
-    v_off: u32,
-    _pad1: u32,
-    // strides (b, h, t, d) in elements
-    qs: vec4<u32>,
-    ks: vec4<u32>,
-    vs: vec4<u32>,
-    os: vec4<u32>, // the output's (n_splits = 1); its d stride is 1
-}
+// struct Params: attention_params.wgsl (the header).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qb: array<f32>;

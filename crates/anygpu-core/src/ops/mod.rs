@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod attention_coop;
+pub mod attention_decode;
 pub mod cast;
 pub mod copy;
 pub mod elementwise;

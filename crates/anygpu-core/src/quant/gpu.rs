@@ -112,6 +112,18 @@ pub const MATVEC_MAX_N: usize = 16;
 /// many workgroups for the prologue anyway, Q|K|V alone got it and lost).
 pub const NORM_PROLOGUE_MAX_COLS: usize = 2048;
 
+/// SGW of [`lane_reductions_wgsl`]: the lanes its shuffles reduce over (the device's
+/// smallest subgroup, at most 32), 1 without subgroups.
+pub(crate) fn lane_width(ctx: &GpuContext) -> usize {
+    match (ctx.caps.subgroup, ctx.caps.subgroup_min_size) {
+        (true, n) if n >= 32 => 32,
+        (true, n) if n >= 16 => 16,
+        (true, n) if n >= 8 => 8,
+        (true, n) if n >= 4 => 4,
+        _ => 1,
+    }
+}
+
 /// The matvec kernel's `SGW`, `lanes_sum` and `lanes_max` (see matvec.wgsl): subgroup
 /// shuffles (naga takes them without an `enable` directive, which it rejects, once the device
 /// has SUBGROUP) over up to 32 lanes where every subgroup has at least that many, else the
@@ -141,11 +153,11 @@ fn lanes_max(v: f32, width: u32) -> f32 {
             )
         };
     }
-    match (ctx.caps.subgroup, ctx.caps.subgroup_min_size) {
-        (true, n) if n >= 32 => shuffles!("32"),
-        (true, n) if n >= 16 => shuffles!("16"),
-        (true, n) if n >= 8 => shuffles!("8"),
-        (true, n) if n >= 4 => shuffles!("4"),
+    match lane_width(ctx) {
+        32 => shuffles!("32"),
+        16 => shuffles!("16"),
+        8 => shuffles!("8"),
+        4 => shuffles!("4"),
         _ => {
             "const SGW: u32 = 1u;
 fn lanes_sum(v: f32, width: u32) -> f32 {

@@ -269,7 +269,7 @@ impl Stage {
         }
         let idbuf = ids.gpu_buffer().ok_or_else(|| Error::mismatch("decode graph", "ids not on the GPU"))?;
         let len = cache.len();
-        cache.attention_horizon = (end < cache.capacity()).then_some(end);
+        cache.attention_horizon = Some(end);
         // Three distinct positions: two to fit the parameters, the last one to check the fit.
         let positions = [0, 1, end - 1];
         let recorded: Result<Vec<_>> = positions

@@ -18,8 +18,9 @@ pub struct KvCache {
     pub(crate) graph: Option<DecodeGraph>,
     /// Recording was tried and failed: do not try again for this cache.
     pub(crate) graph_failed: bool,
-    /// While a decode step is recorded for the first positions only: how many (the attention
-    /// plans for that many keys, `AttentionOpts::max_keys`; see `decode_graph`).
+    /// While a decode step is recorded: the positions the recording covers (the attention
+    /// plans for that many keys, `AttentionOpts::max_keys`; see `decode_graph`). None outside
+    /// a recording: the model then plans a step as the recording of its position would be.
     pub(crate) attention_horizon: Option<usize>,
 }
 

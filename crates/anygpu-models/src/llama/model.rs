@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use anygpu_core::ops::attention::AttentionOpts;
+use anygpu_core::ops::attention::{AttentionOpts, DECODE_WHOLE_KEYS};
 use anygpu_core::ops::rope::RopeOpts;
 use anygpu_core::quant::{CpuMath, QTensor, RmsNorm, SharedBytes};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
@@ -353,7 +353,13 @@ impl Llama {
         self.check_room(cache, t)?;
         let pos = cache.len();
         let (h, hkv, d) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys: cache.attention_horizon };
+        // A recording plans the attention for its horizon; a step outside one is planned as
+        // the recording that would run its position is (the first positions' stage below
+        // DECODE_WHOLE_KEYS of a longer cache), so the per-op path computes what the replay
+        // does.
+        let first_stage = t == 1 && pos < DECODE_WHOLE_KEYS && cache.capacity() > DECODE_WHOLE_KEYS;
+        let max_keys = cache.attention_horizon.or(first_stage.then_some(DECODE_WHOLE_KEYS));
+        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys };
         let mut x = x;
         for (li, b) in self.blocks.iter().enumerate() {
             // The RMSNorms run inside the products that read them (fused on a GPU for a few

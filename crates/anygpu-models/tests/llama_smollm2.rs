@@ -282,17 +282,20 @@ fn greedy_decoding_on_the_gpu_matches_the_host() {
     }
 }
 
-/// A cache longer than the attention's short horizon (DECODE_WHOLE_KEYS) replays one recording
-/// for its first positions (the attention planned for that many keys) and another, recorded
-/// when first needed, past them: single steps and greedy runs that cross from one to the other
-/// give the per-op path's logits and tokens.
+/// A cache longer than the attention's short horizon (`Llama::first_stage_keys`: 256 where
+/// the decode attention kernel runs, else 160) replays one recording for its first positions
+/// (the attention planned for that many keys) and another, recorded when first needed, past
+/// them: single steps and greedy runs that cross from one to the other give the per-op path's
+/// logits and tokens.
 #[test]
 fn decode_across_the_short_horizon_matches_per_op() {
     let (file, _) = open();
-    let horizon = anygpu_core::ops::attention::DECODE_WHOLE_KEYS;
-    let prompt: Vec<u32> = (0..horizon as u32 - 3).map(|i| 10 + (i * 37) % 1000).collect();
     for dev in gpu_devices().iter().take(2) {
         let model = Llama::load(&file, dev, &mut |_, _| {}).expect("load");
+        let horizon = model.first_stage_keys();
+        let wide_lanes = dev.gpu().is_some_and(|c| c.caps.subgroup && c.caps.subgroup_min_size >= 8);
+        assert_eq!(horizon, if wide_lanes { 256 } else { 160 }, "the short horizon on {}", dev.name());
+        let prompt: Vec<u32> = (0..horizon as u32 - 3).map(|i| 10 + (i * 37) % 1000).collect();
         let mut replayed = model.new_cache(2 * horizon).expect("cache");
         let mut per_op = model.new_cache(2 * horizon).expect("cache");
         model.forward(&prompt, &mut replayed, false).expect("prefill");

@@ -21,7 +21,7 @@
 //! a consumer that merges the splits itself (the decode step's output projection,
 //! `QTensor::qmatmul_add_combined`). Runs of at least 64 queries (prefill) take the
 //! tensor-core kernel of `attention_coop.rs` instead where the device has cooperative matrices;
-//! a decode step over a short cache (at most `DECODE_WHOLE_KEYS` planned keys, not split) takes
+//! a decode step over a short cache (at most `DECODE_KERNEL_MAX_KEYS` planned keys, not split) takes
 //! the kernel of `attention_decode.rs`, which scores every key at once.
 
 use std::borrow::Cow;
@@ -963,10 +963,10 @@ fn plan(
         Some(n) => n.clamp(1, n_ktiles),
         // Decode over a short cache walks it whole where the splits would be merged by a
         // dispatch of their own: it costs more than the few tiles a workgroup walks alone (see
-        // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split, unless the
-        // decode kernel takes the call (it beats the splits and their merge in the caller's
-        // prologue: BENCHMARKS.md, fifteenth session).
-        None if rows <= 16 && capacity <= DECODE_WHOLE_KEYS && (merge == Merge::Dispatch || decode_kernel) => 1,
+        // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split. The decode
+        // kernel, where it takes the call (up to DECODE_KERNEL_MAX_KEYS), beats the splits and
+        // either merge (BENCHMARKS.md, fifteenth session).
+        None if rows <= 16 && ((capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch) || decode_kernel) => 1,
         // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1 for
         // a few query rows: decode).
         None if base_wgs < TARGET_WORKGROUPS => {

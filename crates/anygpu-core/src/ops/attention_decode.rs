@@ -59,18 +59,23 @@ const V_IN_FLIGHT: usize = 20;
 /// a key's partial scores), more keys than [`DECODE_KERNEL_MAX_KEYS`], or more workgroup memory
 /// than the device has.
 fn shape(ctx: &GpuContext, s: &Dims, keys: usize, k: &Tensor, kv_vec: bool) -> Option<Shape> {
+    if s.tq != 1 || k.dtype() != DType::F32 || !kv_vec {
+        return None;
+    }
+    shape_for(ctx, s.d, s.hq / s.hkv.max(1), keys)
+}
+
+/// [`shape`] for head dim `d`, `g` query heads per KV head and `keys` planned keys, the
+/// operands aside (f32 K / V rows of whole aligned vec4s, one query position).
+fn shape_for(ctx: &GpuContext, d: usize, g: usize, keys: usize) -> Option<Shape> {
     let c = &ctx.caps;
-    if decode_kernel_off() || s.tq != 1 || k.dtype() != DType::F32 || !kv_vec || !s.d.is_multiple_of(32) {
+    if decode_kernel_off() || !d.is_multiple_of(32) || keys > DECODE_KERNEL_MAX_KEYS {
         return None;
     }
     if !c.subgroup || c.subgroup_min_size < 8 || NT > c.max_compute_invocations_per_workgroup as usize {
         return None;
     }
-    if keys > DECODE_KERNEL_MAX_KEYS {
-        return None;
-    }
-    let g = s.hq / s.hkv;
-    let d4 = s.d / 4;
+    let d4 = d / 4;
     if g == 0 || g > NT || g * d4 > 1024 {
         return None;
     }
@@ -93,6 +98,16 @@ fn prev_power_of_two(x: usize) -> usize {
         0
     } else {
         1 << (usize::BITS - 1 - x.leading_zeros())
+    }
+}
+
+/// The most keys a decode step over a cache of f32 rows is planned for unsplit on `ctx`, for
+/// head dim `d` and `g` query heads per KV head: [`DECODE_KERNEL_MAX_KEYS`] where this kernel
+/// takes them, else the flash kernel's `DECODE_WHOLE_KEYS`.
+pub fn short_decode_keys(ctx: &GpuContext, d: usize, g: usize) -> usize {
+    match shape_for(ctx, d, g, DECODE_KERNEL_MAX_KEYS) {
+        Some(_) => DECODE_KERNEL_MAX_KEYS,
+        None => super::attention::DECODE_WHOLE_KEYS,
     }
 }
 

@@ -11,9 +11,10 @@
 //! the host: runs of 1, 2, 4 then 8 steps per submit (one compute pass each), two runs in
 //! flight, only the 4-byte ids read back, not the logits.
 //!
-//! A cache longer than [`DECODE_WHOLE_KEYS`] positions gets two recordings: one for its first
-//! positions, whose attention is planned for that many keys (a short cache is walked unsplit,
-//! with no merge dispatch: `AttentionOpts::max_keys`), and one for every position (the
+//! A cache longer than `Llama::first_stage_keys` positions (256 where the decode attention
+//! kernel runs, else 160) gets two recordings: one for its first positions, whose attention is
+//! planned for that many keys (a short cache is walked unsplit, with no merge:
+//! `AttentionOpts::max_keys`), and one for every position (the
 //! attention then splits the keys for the cache's capacity), each recorded when a step first
 //! needs it (a conversation that starts past the first positions never records them). Both read
 //! and write the same token id, so greedy runs chain across them.
@@ -23,7 +24,6 @@ use std::sync::Arc;
 use std::collections::VecDeque;
 
 use anygpu_core::gpu::{next_run_steps, GpuContext, Replay, ReplayTimes};
-use anygpu_core::ops::attention::DECODE_WHOLE_KEYS;
 use anygpu_core::ops::reduce::gpu_argmax_into;
 use anygpu_core::quant::gpu::gather_rows_by_buffer;
 use anygpu_core::{DType, Error, Result, Tensor};
@@ -32,7 +32,7 @@ use super::kv_cache::KvCache;
 use super::model::Llama;
 
 pub struct DecodeGraph {
-    /// The recording for positions below DECODE_WHOLE_KEYS, when the cache is longer (made
+    /// The recording for positions below `Llama::first_stage_keys`, when the cache is longer (made
     /// when a step first needs it, as `all`).
     first: Option<Stage>,
     /// The recording for every position.
@@ -112,11 +112,13 @@ impl DecodeGraph {
     }
 
     /// The stage that runs position `pos`, recorded now if it was not yet: the first
-    /// positions' one below DECODE_WHOLE_KEYS of a longer cache, else the all-positions one.
+    /// positions' one below `Llama::first_stage_keys` of a longer cache, else the all-positions
+    /// one.
     fn stage_for(&mut self, model: &Llama, cache: &mut KvCache, pos: usize) -> Result<Which> {
-        if cache.capacity() > DECODE_WHOLE_KEYS && pos < DECODE_WHOLE_KEYS && !first_stage_off() {
+        let short = model.first_stage_keys();
+        if cache.capacity() > short && pos < short && !first_stage_off() {
             if self.first.is_none() {
-                self.first = Some(Stage::record(model, cache, &self.ids, DECODE_WHOLE_KEYS)?);
+                self.first = Some(Stage::record(model, cache, &self.ids, short)?);
             }
             return Ok(Which::First);
         }

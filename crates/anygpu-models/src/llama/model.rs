@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use anygpu_core::ops::attention::{AttentionOpts, DECODE_WHOLE_KEYS};
+use anygpu_core::ops::attention::AttentionOpts;
+use anygpu_core::ops::attention_decode::short_decode_keys;
 use anygpu_core::ops::rope::RopeOpts;
 use anygpu_core::quant::{CpuMath, QTensor, RmsNorm, SharedBytes};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
@@ -341,6 +342,17 @@ impl Llama {
         Ok(())
     }
 
+    /// The positions of a decode step's first recording (see `decode_graph`): the most keys
+    /// the attention walks unsplit on this device (`short_decode_keys`: 256 where the decode
+    /// attention kernel runs, else 160); 0 on the CPU.
+    pub fn first_stage_keys(&self) -> usize {
+        let cfg = &self.config;
+        match self.device.gpu() {
+            Some(ctx) => short_decode_keys(ctx, cfg.head_dim, cfg.n_head / cfg.n_head_kv.max(1)),
+            None => 0,
+        }
+    }
+
     /// The token embedding matrix (also the output projection when tied).
     pub(crate) fn token_embd(&self) -> &QTensor {
         &self.token_embd
@@ -354,11 +366,12 @@ impl Llama {
         let pos = cache.len();
         let (h, hkv, d) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         // A recording plans the attention for its horizon; a step outside one is planned as
-        // the recording that would run its position is (the first positions' stage below
-        // DECODE_WHOLE_KEYS of a longer cache), so the per-op path computes what the replay
+        // the recording that would run its position is (the first positions' stage of a
+        // longer cache, see `first_stage_keys`), so the per-op path computes what the replay
         // does.
-        let first_stage = t == 1 && pos < DECODE_WHOLE_KEYS && cache.capacity() > DECODE_WHOLE_KEYS;
-        let max_keys = cache.attention_horizon.or(first_stage.then_some(DECODE_WHOLE_KEYS));
+        let short = self.first_stage_keys();
+        let first_stage = t == 1 && pos < short && cache.capacity() > short;
+        let max_keys = cache.attention_horizon.or(first_stage.then_some(short));
         let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys };
         let mut x = x;
         for (li, b) in self.blocks.iter().enumerate() {

@@ -660,7 +660,9 @@ fn combine_prologue_matches_composition() {
     let tiny = Some(AttentionTiles { bq: 4, bk: 4, tr: 4, ct: 4 });
     // (type, H, Hkv, D, W rows, Tq, keys, cache capacity, tuning, fused)
     let cases = [
-        (GgmlType::Q4_1, 9, 3, 64, 37, 1, 50, 200, AttentionTuning::default(), true),
+        // A cache past the decode kernel's 256 keys (shorter ones are walked unsplit where it
+        // runs), 50 of them live.
+        (GgmlType::Q4_1, 9, 3, 64, 37, 1, 50, 300, AttentionTuning::default(), true),
         // A longer cache, most of its splits live.
         (GgmlType::Q4_1, 9, 3, 64, 37, 1, 1500, 2048, AttentionTuning::default(), true),
         (GgmlType::Q8_0, 9, 3, 64, 21, 1, 6, 40, AttentionTuning { splits: Some(10), tiles: tiny }, true),

@@ -21,8 +21,8 @@
 //! a consumer that merges the splits itself (the decode step's output projection,
 //! `QTensor::qmatmul_add_combined`). Runs of at least 64 queries (prefill) take the
 //! tensor-core kernel of `attention_coop.rs` instead where the device has cooperative matrices;
-//! a decode step over a short cache (at most `DECODE_KERNEL_MAX_KEYS` planned keys, not split) takes
-//! the kernel of `attention_decode.rs`, which scores every key at once.
+//! a decode step over a short cache (at most `DECODE_KERNEL_MAX_KEYS` planned keys, not split)
+//! takes the kernel of `attention_decode.rs`, which scores every key at once.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -957,8 +957,10 @@ fn plan(
     let bk = tiles.bk as usize;
     let capacity = planned_keys(&s, k, v, opts)?;
     let n_ktiles = capacity.div_ceil(bk);
+    // The decode kernel's shape where it takes the call if not split (tuned calls keep the
+    // flash kernel: tests compare them).
     let untuned = tuning.splits.is_none() && tuning.tiles.is_none();
-    let decode_kernel = untuned && attention_decode::applies(&ctx, &s, capacity, k, kv_vec(&s, k, v));
+    let decode_shape = attention_decode::shape(&ctx, &s, capacity, k, kv_vec(&s, k, v)).filter(|_| untuned);
     let splits = match tuning.splits {
         Some(n) => n.clamp(1, n_ktiles),
         // Decode over a short cache walks it whole where the splits would be merged by a
@@ -966,7 +968,11 @@ fn plan(
         // DECODE_WHOLE_KEYS). A caller that merges them itself takes them split. The decode
         // kernel, where it takes the call (up to DECODE_KERNEL_MAX_KEYS), beats the splits and
         // either merge (BENCHMARKS.md, fifteenth session).
-        None if rows <= 16 && ((capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch) || decode_kernel) => 1,
+        None if rows <= 16
+            && ((capacity <= DECODE_WHOLE_KEYS && merge == Merge::Dispatch) || decode_shape.is_some()) =>
+        {
+            1
+        }
         // Split only when the blocks leave the GPU idle, into pieces of at least 2 tiles (1 for
         // a few query rows: decode).
         None if base_wgs < TARGET_WORKGROUPS => {
@@ -1007,27 +1013,18 @@ fn plan(
         os: [u(s.hq * s.tq * s.d)?, u(s.d)?, u(s.hq * s.d)?, 1],
     };
     // A decode step not split takes the kernel that scores every key at once where its planned
-    // keys fit (attention_decode.rs); tuned calls keep the flash kernel (tests compare them).
-    let decode = match splits == 1 && decode_kernel {
-        true => attention_decode::decode_pipeline(
-            &ctx,
-            &s,
-            capacity,
-            k,
-            kv_vec(&s, k, v),
-            round.then(|| round_q8_header(&ctx, 5)),
-        )?,
-        false => None,
-    };
-    let decode_taken = decode.is_some();
-    let (pipeline, n_wg, rounds) = match decode {
-        Some((pipeline, n_wg)) => (pipeline, n_wg, round),
+    // keys fit (attention_decode.rs), one workgroup per (batch, KV head).
+    let (pipeline, n_wg, rounds, decode) = match decode_shape.filter(|_| splits == 1) {
+        Some(sh) => {
+            let pipeline = attention_decode::decode_pipeline(&ctx, sh, round.then(|| round_q8_header(&ctx, 5)))?;
+            (pipeline, u(s.b * s.hkv)?, round, true)
+        }
         None => {
             let rounds = round && splits == 1 && tiles.nt().is_multiple_of(8);
-            (attention_pipeline(&ctx, &s, tiles, k, v, rounds)?, u(splits * base_wgs)?, rounds)
+            (attention_pipeline(&ctx, &s, tiles, k, v, rounds)?, u(splits * base_wgs)?, rounds, false)
         }
     };
-    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds, decode: decode_taken }))
+    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds, decode }))
 }
 
 impl Plan {

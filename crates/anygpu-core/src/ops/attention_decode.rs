@@ -4,8 +4,9 @@
 //! cache's capacity, or a recording's horizon) fit the kernel's workgroup memory; the CPU
 //! reference and the parity tests are the attention's (`tests/parity_attention.rs`).
 
+use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::attention::Dims;
 use super::to_u32;
@@ -21,8 +22,9 @@ const NT: usize = 256;
 pub const DECODE_KERNEL_MAX_KEYS: usize = 256;
 
 /// The kernel's shape constants for one call (see the header of attention_decode.wgsl).
-#[derive(Clone, Copy, Debug)]
-struct Shape {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Shape {
+    d: usize,
     d4: usize,
     g: usize,
     kmax: usize,
@@ -58,7 +60,7 @@ const V_IN_FLIGHT: usize = 20;
 /// multiple of 32 (eight invocations read a key's row), no subgroups of at least 8 (they add up
 /// a key's partial scores), more keys than [`DECODE_KERNEL_MAX_KEYS`], or more workgroup memory
 /// than the device has.
-fn shape(ctx: &GpuContext, s: &Dims, keys: usize, k: &Tensor, kv_vec: bool) -> Option<Shape> {
+pub(super) fn shape(ctx: &GpuContext, s: &Dims, keys: usize, k: &Tensor, kv_vec: bool) -> Option<Shape> {
     if s.tq != 1 || k.dtype() != DType::F32 || !kv_vec {
         return None;
     }
@@ -89,7 +91,7 @@ fn shape_for(ctx: &GpuContext, d: usize, g: usize, keys: usize) -> Option<Shape>
     let uv = kmax.div_ceil(parts).min(V_IN_FLIGHT);
     // The softmax's lanes per row: one subgroup's aligned lanes (SGW of the lane reductions).
     let sgw = crate::quant::gpu::lane_width(ctx);
-    let shape = Shape { d4, g, kmax, uk, r: prev_power_of_two(NT / g).min(sgw), parts, uv };
+    let shape = Shape { d, d4, g, kmax, uk, r: prev_power_of_two(NT / g).min(sgw), parts, uv };
     (shape.smem() <= c.max_compute_workgroup_storage_size as usize).then_some(shape)
 }
 
@@ -111,10 +113,14 @@ pub fn short_decode_keys(ctx: &GpuContext, d: usize, g: usize) -> usize {
     }
 }
 
-/// Whether a decode call of `s` planned for `keys` keys would take this kernel if not split
-/// (the planner then leaves a short cache unsplit even where the caller could merge splits).
-pub(super) fn applies(ctx: &GpuContext, s: &Dims, keys: usize, k: &Tensor, kv_vec: bool) -> bool {
-    shape(ctx, s, keys, k, kv_vec).is_some()
+type Blocks = Arc<Vec<(&'static str, String)>>;
+
+/// [`blocks`], generated once per shape (the per-op decode plans every layer's attention for
+/// every token: no need to rebuild some KiB of WGSL text each time).
+fn blocks_cached(sh: Shape) -> Blocks {
+    static CACHE: OnceLock<Mutex<HashMap<Shape, Blocks>>> = OnceLock::new();
+    let mut map = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(sh).or_insert_with(|| Arc::new(blocks(&sh))).clone()
 }
 
 /// The generated blocks of the kernel (see its header): the batches' loads, scores and P V
@@ -199,26 +205,18 @@ fn blocks(sh: &Shape) -> Vec<(&'static str, String)> {
 const ROUND_Q8_DECODE: &str = "        let w = h * D4 + c4;
         q8_round_lanes(o, bi * qc4 + w, p.batch * qc4 + 2u * (bi * (qc4 / 8u) + w / 8u), live, (e & 7u) == 0u);";
 
-/// The decode kernel's pipeline and workgroup count for a call of `s` planned for `keys` keys
-/// (see [`shape`]); `q8_header`: the rounding variant's header (its binding and functions).
-pub(super) fn decode_pipeline(
-    ctx: &GpuContext,
-    s: &Dims,
-    keys: usize,
-    k: &Tensor,
-    kv_vec: bool,
-    q8_header: Option<String>,
-) -> Result<Option<(Pipeline, u32)>> {
-    let Some(sh) = shape(ctx, s, keys, k, kv_vec) else { return Ok(None) };
+/// The decode kernel's pipeline for a call of shape `sh` (from [`shape`]); `q8_header`: the
+/// rounding variant's header (its binding and functions). One workgroup per (batch, KV head).
+pub(super) fn decode_pipeline(ctx: &GpuContext, sh: Shape, q8_header: Option<String>) -> Result<Pipeline> {
     let u = |x: usize| to_u32("attention", x);
     let q8 = q8_header.is_some();
     let spec = KernelSpec::new(
-        format!("attention_decode_d{}_g{}_k{}{}", s.d, sh.g, sh.kmax, if q8 { "_q8" } else { "" }),
+        format!("attention_decode_d{}_g{}_k{}{}", sh.d, sh.g, sh.kmax, if q8 { "_q8" } else { "" }),
         include_str!("attention_decode.wgsl"),
         "attention_decode",
     )
     .with(super::attention::ATTENTION_PARAMS_WGSL)
-    .constant_u32("D", u(s.d)?)
+    .constant_u32("D", u(sh.d)?)
     .constant_u32("D4", u(sh.d4)?)
     .constant_u32("G", u(sh.g)?)
     .constant_u32("NT", NT as u32)
@@ -229,9 +227,8 @@ pub(super) fn decode_pipeline(
     .constant_u32("R", u(sh.r)?)
     .constant_u32("PARTS", u(sh.parts)?)
     .with(&q8_header.unwrap_or_else(|| crate::quant::gpu::lane_reductions_wgsl(ctx).to_string()));
-    let blocks = blocks(&sh);
+    let blocks = blocks_cached(sh);
     let mut repl: Vec<(&str, &str)> = blocks.iter().map(|(k, v)| (*k, v.as_str())).collect();
     repl.push(("ROUND_Q8", if q8 { ROUND_Q8_DECODE } else { "" }));
-    let pipeline = ctx.pipeline(&spec, &repl)?;
-    Ok(Some((pipeline, u(s.b * s.hkv)?)))
+    ctx.pipeline(&spec, &repl)
 }

@@ -3,7 +3,7 @@
 //
 // Why a kernel of its own: the flash kernel (attention.wgsl) walks a decode step's keys 32 at a
 // time, each tile a chain of loads and four barriers, ~1.5 µs a tile on an H100, so a
-// 129-position cache took ~9 µs in one workgroup per KV head. Here the loads come in a few
+// 129-position cache took ~10 µs in one workgroup per KV head. Here the loads come in a few
 // batches of many independent ones: every key's K row (eight invocations a key) before its
 // scores, V's rows before the softmax is done with, then P V over interleaved runs of keys.
 // Only for caches the host plans short (`attention_decode.rs`: every key's scores live in
@@ -11,9 +11,9 @@
 //
 // Specialisation (header): D (a multiple of 32), D4 = D / 4, G query heads per KV head, NT
 // invocations, KMAX (the planned keys: p_s's row length), KPP = NT / 8 keys scored per pass, UK
-// passes per batch, R (a power of two <= NT / G and <= SGW) invocations per row in the softmax, PARTS (a
-// power of two) runs of keys in P V, UV keys per run and batch; SGW (at least 8) and lanes_max /
-// lanes_sum from the lane reductions header. Replaced in the source (generated unrolled, as
+// passes per batch, R (a power of two <= NT / G and <= SGW) invocations per row in the softmax,
+// PARTS (a power of two) runs of keys in P V, UV keys per run and batch; SGW (at least 8) and
+// lanes_max / lanes_sum from the lane reductions header. Replaced in the source (generated unrolled, as
 // named variables: a private array indexed by a loop variable would go to local memory on
 // NVIDIA): K_DECL / K_LOAD / SCORES (a batch's K vec4s, then its scores), V_DECL / V_LOAD (a
 // batch's V vec4s), ACC_DECL / ACC_STEP / ACC_STORE (the G accumulators of P V over a batch);

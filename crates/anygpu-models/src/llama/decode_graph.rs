@@ -32,8 +32,8 @@ use super::kv_cache::KvCache;
 use super::model::Llama;
 
 pub struct DecodeGraph {
-    /// The recording for positions below `Llama::first_stage_keys`, when the cache is longer (made
-    /// when a step first needs it, as `all`).
+    /// The recording for positions below `Llama::first_stage_keys`, when the cache is longer
+    /// (made when a step first needs it, as `all`).
     first: Option<Stage>,
     /// The recording for every position.
     all: Option<Stage>,

@@ -8,6 +8,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use anygpu_core::ops::attention::AttentionOpts;
 use anygpu_core::ops::rope::RopeOpts;
 use anygpu_core::ops::rope_kv::rope_qkv_store;
 use anygpu_core::quant::fused::RopeKvStore;
@@ -307,7 +308,7 @@ fn fused_products_match_composition() {
                 let x = upload_x(60 + n as u64, n, cols, d)?;
                 let resid = upload_x(70 + n as u64, n, rq + rk, d)?;
                 let g = Tensor::from_vec(rand_vec(80, cols), [cols], &Device::Cpu)?.to_device(d)?;
-                let norm = RmsNorm { weight: &g, eps: 1e-5 };
+                let norm = RmsNorm::new(&g, 1e-5);
                 all.extend(qk.qmatmul(&x)?.to_vec_f32()?);
                 all.extend(qk.qmatmul_add(&x, &resid)?.to_vec_f32()?);
                 all.extend(gate_up.qmatmul_glu(&x)?.to_vec_f32()?);
@@ -349,9 +350,9 @@ fn fused_products_match_composition() {
         let gate_up = QTensor::stack_rows(&[&q(&wg)?, &q(&wu)?], d)?;
         let g = Tensor::from_vec(rand_vec(81, cols), [cols], &Device::Cpu)?.to_device(d)?;
         let x = upload_x(82, 2, cols, d)?;
-        let mut all = gate_up.qmatmul_glu_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?;
+        let mut all = gate_up.qmatmul_glu_rms(&x, RmsNorm::new(&g, 1e-6))?.to_vec_f32()?;
         let wg_on = QTensor::from_vec(GgmlType::Q8_0, 5, cols, wg.clone(), d)?;
-        all.extend(wg_on.qmatmul_rms(&x, RmsNorm { weight: &g, eps: 1e-6 })?.to_vec_f32()?);
+        all.extend(wg_on.qmatmul_rms(&x, RmsNorm::new(&g, 1e-6))?.to_vec_f32()?);
         Ok(all)
     });
     parity_err("qmatmul_add wrong residual", "does not match", |d| {
@@ -397,7 +398,7 @@ fn q8_matvec_matches_cpu_q8() {
             let run = |d: &Device| -> Result<Vec<f32>> {
                 let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?.with_cpu_math(CpuMath::Q8);
                 let g = Tensor::from_vec(rand_vec(301, cols), [cols], &Device::Cpu)?.to_device(d)?;
-                let norm = RmsNorm { weight: &g, eps: 1e-5 };
+                let norm = RmsNorm::new(&g, 1e-5);
                 let mut all = Vec::new();
                 for n in [1usize, 3] {
                     let x = upload_x(302 + n as u64, n, cols, d)?;
@@ -573,7 +574,7 @@ fn rope_kv_epilogue_matches_composition() {
             let math = if q8 { anygpu_core::quant::CpuMath::Q8 } else { Default::default() };
             let w = QTensor::from_vec(ty, rows, cols, wb.clone(), dev)?.with_cpu_math(math);
             let g = Tensor::from_vec(rand_vec(91, cols), [cols], &Device::Cpu)?.to_device(dev)?;
-            let norm = RmsNorm { weight: &g, eps: 1e-5 };
+            let norm = RmsNorm::new(&g, 1e-5);
             let bias = match with_bias {
                 true => Some(Tensor::from_vec(rand_vec(92, rows), [rows], &Device::Cpu)?.to_device(dev)?),
                 false => None,
@@ -636,11 +637,152 @@ fn rope_kv_epilogue_matches_composition() {
         let kv =
             RopeKvStore { rope: &RopeOpts::default(), heads: (2, 1, 8), start_pos, k_cache: &mut kc, v_cache: &mut vc };
         let x = upload_x(1, tokens, 64, dev)?;
-        w.qmatmul_rms_rope_kv(&x, RmsNorm { weight: &g, eps: 1e-5 }, bias.as_ref(), kv)
+        w.qmatmul_rms_rope_kv(&x, RmsNorm::new(&g, 1e-5), bias.as_ref(), kv)
     };
     parity_err("qmatmul_rms_rope_kv not a Q|K|V stack", "not a Q|K|V stack", |dev| bad_call(40, 1, 0, None, dev));
     parity_err("qmatmul_rms_rope_kv past the cache", "exceed the cache", |dev| bad_call(32, 2, 3, None, dev));
     parity_err("qmatmul_rms_rope_kv bad bias", "does not match", |dev| bad_call(32, 1, 0, Some(31), dev));
+}
+
+/// The rounding epilogue (`qmatmul_add_rounding`: a residual product that also rounds its sum h
+/// for the next RMSNorm, 32 rows per workgroup) against the composition, the CPU's `qmatmul_add`
+/// and then the next products on `rms_norm(h)` rounded to 8-bit blocks (the CPU's Q8 path): the
+/// plain product, the GLU and the rope + KV store epilogues, each reading the rounded rows
+/// through `RmsNorm::rounded`, over 1 and 3 x rows, producers of three types (one on 8-bit x
+/// rounded by the attention: `qmatmul_add_q8_rounding`). Where the device runs the epilogue
+/// (1,024 invocations per workgroup, subgroups of 8), each next product is one dispatch (two
+/// with its own rounding), as close to the exact product (f32 x) as its own rounding is, and
+/// rows rounded for another weight change its result (they are read).
+#[test]
+fn add_rounding_feeds_the_next_norm() {
+    use anygpu_core::quant::CpuMath;
+    let _turn = one_at_a_time();
+    let (cols, rows) = (96usize, NORM_PROLOGUE_MAX_COLS + 256);
+    let (h, hkv, d) = (3usize, 1usize, 16usize);
+    let qkv_rows = (h + 2 * hkv) * d;
+    let rope = RopeOpts { base: 10000.0, ..Default::default() };
+    for (ci, (pty, cty)) in
+        [(GgmlType::Q4_0, GgmlType::Q4_0), (GgmlType::F16, GgmlType::Q4_1), (GgmlType::Q8_0, GgmlType::Q4K)]
+            .into_iter()
+            .enumerate()
+    {
+        let seed = 400 + 10 * ci as u64;
+        let wp = random_weights(seed, pty, rows, cols);
+        let shapes = [37, 26, qkv_rows];
+        let wn: Vec<Vec<u8>> =
+            shapes.iter().enumerate().map(|(i, &r)| random_weights(seed + 1 + i as u64, cty, r, rows)).collect();
+        let atol = 4.0 * atol_for(cty, &wn[0], 37, rows).max(atol_for(cty, &wn[1], 26, rows)) + 0.02;
+        let name = format!("add rounding {pty} -> {cty}");
+        // The next products (plain, GLU, rope + KV store) of h under `norm`, their matrices
+        // marked for `math` (Q8: 8-bit x where the norm is not staged, as on the CPU).
+        let next = |dev: &Device, math: CpuMath, hsum: &Tensor, norm: RmsNorm<'_>| -> Result<Vec<f32>> {
+            let m = |i: usize| {
+                Ok::<_, anygpu_core::Error>(
+                    QTensor::from_vec(cty, shapes[i], rows, wn[i].clone(), dev)?.with_cpu_math(math),
+                )
+            };
+            let mut out = m(0)?.qmatmul_rms(hsum, norm)?.to_vec_f32()?;
+            out.extend(m(1)?.qmatmul_glu_rms(hsum, norm)?.to_vec_f32()?);
+            let cache = |s| Tensor::from_vec(rand_vec(s, hkv * 8 * d), [hkv, 8, d], &Device::Cpu)?.to_device(dev);
+            let (mut kc, mut vc) = (cache(seed + 8)?, cache(seed + 9)?);
+            let kv = RopeKvStore { rope: &rope, heads: (h, hkv, d), start_pos: 2, k_cache: &mut kc, v_cache: &mut vc };
+            out.extend(m(2)?.qmatmul_rms_rope_kv(hsum, norm, None, kv)?.to_vec_f32()?);
+            out.extend(kc.to_vec_f32()?);
+            out.extend(vc.to_vec_f32()?);
+            Ok(out)
+        };
+        let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let run = |dev: &Device| -> Result<(Vec<f32>, Option<Vec<f32>>, f32)> {
+            // Exact products of f32 x (as the GPU's for a matrix this small), and one on 8-bit x
+            // for the attention's rounded rows.
+            let producer = QTensor::from_vec(pty, rows, cols, wp.clone(), dev)?;
+            let producer_q8 = QTensor::from_vec(pty, rows, cols, wp.clone(), dev)?.with_cpu_math(CpuMath::Q8);
+            let g = Tensor::from_vec(rand_vec(seed + 4, rows), [rows], &Device::Cpu)?.to_device(dev)?;
+            let g2 = Tensor::from_vec(rand_vec(seed + 5, rows), [rows], &Device::Cpu)?.to_device(dev)?;
+            let (mut all, mut q8_err) = (Vec::new(), 0f32);
+            for n in [1usize, 3] {
+                let x = upload_x(seed + 6 + n as u64, n, cols, dev)?;
+                let resid = upload_x(seed + 7 + n as u64, n, rows, dev)?;
+                let (hsum, rounded) = producer.qmatmul_add_rounding(&x, &resid, &g)?;
+                all.extend(hsum.to_vec_f32()?);
+                let norm = RmsNorm { weight: &g, eps: 1e-5, rounded: rounded.as_ref() };
+                let got = next(dev, CpuMath::Q8, &hsum, norm)?;
+                let exact = next(dev, CpuMath::Exact, &hsum, RmsNorm::new(&g, 1e-5))?;
+                q8_err = q8_err.max(max_diff(&got, &exact));
+                all.extend(got);
+                let Some(ctx) = dev.gpu() else {
+                    assert!(rounded.is_none(), "{name}: the CPU rounded");
+                    continue;
+                };
+                let c = &ctx.caps;
+                let runs = c.subgroup
+                    && c.subgroup_min_size >= 8
+                    && c.max_compute_invocations_per_workgroup >= 1024
+                    && c.max_compute_workgroup_size_x >= 1024;
+                assert_eq!(rounded.is_some(), runs, "{name} on {}: the rounding epilogue", dev.name());
+                if !runs {
+                    continue;
+                }
+                // As close to the exact products as the next products' own rounding: the same
+                // blocks, their scales rounded to f16 before or after 1 / rms.
+                let own = next(dev, CpuMath::Q8, &hsum, RmsNorm::new(&g, 1e-5))?;
+                let (e_fold, e_own) = (max_diff(&all[all.len() - own.len()..], &exact), max_diff(&own, &exact));
+                assert!(
+                    e_fold <= 1.5 * e_own + atol,
+                    "{name} n {n}: {e_fold} off the exact products, own rounding {e_own}"
+                );
+                // One dispatch each with the rows, two without (the norm's rounding).
+                let wc = QTensor::from_vec(cty, 37, rows, wn[0].clone(), dev)?.with_cpu_math(CpuMath::Q8);
+                assert!(wc.reads_rounded_norm(false)?, "{name}: the product reads rounded rows");
+                for (rows_given, want) in [(true, 1usize), (false, 2)] {
+                    let nm = RmsNorm { rounded: if rows_given { rounded.as_ref() } else { None }, ..norm };
+                    let (_, rec) = ctx.record(|| wc.qmatmul_rms(&hsum, nm))?;
+                    assert_eq!(rec.len(), want, "{name}: dispatches of the next product, rows given {rows_given}");
+                }
+                let (_, rec) = ctx.record(|| producer.qmatmul_add_rounding(&x, &resid, &g))?;
+                assert_eq!(rec.len(), 1, "{name}: the producer's dispatches");
+                // Rows rounded for another weight are read: the result moves.
+                let (_, other) = producer.qmatmul_add_rounding(&x, &resid, &g2)?;
+                let wrong = wc.qmatmul_rms(&hsum, RmsNorm { rounded: other.as_ref(), ..norm })?;
+                assert_ne!(wrong.to_vec_f32()?, wc.qmatmul_rms(&hsum, norm)?.to_vec_f32()?, "{name}: rows unread");
+            }
+            // On x rounded by the attention (the output projection's `qmatmul_add_q8_rounding`):
+            // 3 heads of 32 = the producer's 96 columns; where the device rounds it (the CPU
+            // rounds x for the Q8 product likewise), else nothing.
+            let t = |s: u64, shape: [usize; 4]| {
+                Tensor::from_vec(rand_vec(s, shape.iter().product()), shape, &Device::Cpu)?.to_device(dev)
+            };
+            let (q, k, v) = (t(seed + 12, [1, 3, 1, 32])?, t(seed + 13, [1, 3, 5, 32])?, t(seed + 14, [1, 3, 5, 32])?);
+            let opts = AttentionOpts::new(32, true);
+            let resid = upload_x(seed + 15, 1, rows, dev)?;
+            let (hsum, rounded) = match (q.attention_q8(&k, &v, &opts)?, dev.is_cpu()) {
+                (Some(a), _) => producer_q8.qmatmul_add_q8_rounding(&a, &resid, &g)?,
+                (None, true) => {
+                    let a = q.attention(&k, &v, &opts)?.permute(&[0, 2, 1, 3])?.reshape([1, 96])?;
+                    producer_q8.qmatmul_add_rounding(&a, &resid, &g)?
+                }
+                (None, false) => return Ok((all, None, q8_err)),
+            };
+            let mut att = hsum.to_vec_f32()?;
+            att.extend(next(dev, CpuMath::Q8, &hsum, RmsNorm { weight: &g, eps: 1e-5, rounded: rounded.as_ref() })?);
+            Ok((all, Some(att), q8_err))
+        };
+        // Against the CPU's rounding of the same x: the blocks' scales differ by their f16
+        // rounding (2^-11 relative, before or after 1 / rms), which sums over many blocks of
+        // either sign show at the size of the 8-bit rounding's own error: twice the CPU's
+        // (against f32 x) is allowed.
+        let (want, want_att, q8_err) =
+            run(&Device::Cpu).unwrap_or_else(|e| panic!("{name}: CPU reference failed: {e}"));
+        let tol = atol + 2.0 * q8_err;
+        for dev in gpu_devices().iter() {
+            let (got, got_att, _) = run(dev).unwrap_or_else(|e| panic!("{name} on {}: {e}", dev.name()));
+            check_close(&name, &got, &want, tol, 1e-3).unwrap_or_else(|m| panic!("{m} on {}", dev.name()));
+            if let (Some(got), Some(want)) = (got_att, &want_att) {
+                check_close(&format!("{name} on the attention's rows"), &got, want, tol, 1e-3)
+                    .unwrap_or_else(|m| panic!("{m} on {}", dev.name()));
+            }
+        }
+    }
 }
 
 /// The combine prologue (`qmatmul_add_combined`: flash-decoding's merge of a split attention

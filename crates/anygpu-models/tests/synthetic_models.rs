@@ -19,12 +19,17 @@ fn logits(file: &Arc<GgufFile>, dev: &Device, tokens: &[u32]) -> Vec<f32> {
     model.forward(tokens, &mut cache, true).expect("forward").to_vec_f32().expect("read")
 }
 
-#[test]
-fn synthetic_models_of_every_type_run_alike_on_cpu_and_gpu() {
+/// SmolLM2's file, whose tokenizer the synthetic models copy.
+fn vocabulary() -> GgufFile {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let vocab_path = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(vocab_path.exists(), "{} is missing: run scripts/fetch-models.sh", vocab_path.display());
-    let vocab = GgufFile::open(&vocab_path).expect("open vocabulary model");
+    GgufFile::open(&vocab_path).expect("open vocabulary model")
+}
+
+#[test]
+fn synthetic_models_of_every_type_run_alike_on_cpu_and_gpu() {
+    let vocab = vocabulary();
     let tokens = [1u32, 17, 400, 9000, 42];
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K] {
         let spec = SyntheticSpec::preset("tiny", ty).expect("preset");
@@ -43,4 +48,64 @@ fn synthetic_models_of_every_type_run_alike_on_cpu_and_gpu() {
         }
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// A model wider than the staged RMSNorm takes (2,304 columns, Q4_0, the 8B's layout in small):
+/// on a GPU its output and down projections round the next norm's input for the products after
+/// them (`QTensor::qmatmul_add_rounding`; the kernels' own test is parity_qmatmul's
+/// `add_rounding_feeds_the_next_norm`). A prefill of five tokens (the matvec path, five x rows)
+/// and decode steps, replayed and per-op, give the CPU's logits within the 8-bit rounding, and the
+/// replay gives the per-op path's.
+#[test]
+fn wide_model_rounds_the_norms_in_its_residual_products() {
+    let vocab = vocabulary();
+    let spec = SyntheticSpec {
+        n_layer: 2,
+        n_embd: 2304,
+        n_ff: 512,
+        n_head: 18,
+        n_head_kv: 6,
+        n_ctx: 64,
+        rope_base: 10000.0,
+        ty: GgmlType::Q4_0,
+        seed: 7,
+    };
+    let path = std::env::temp_dir().join(format!("anygpu-synth-wide-{}.gguf", std::process::id()));
+    let out = std::fs::File::create(&path).expect("create");
+    write_synthetic(&spec, &vocab, std::io::BufWriter::new(out)).expect("write");
+    let file = Arc::new(GgufFile::open(&path).expect("the written file reads back"));
+    let prompt = [1u32, 17, 400, 9000, 42];
+    let steps = [5u32, 600, 7000];
+    // Prefill logits of every prompt token, then each step's.
+    let run = |dev: &Device, replay: bool| -> Vec<Vec<f32>> {
+        let model = Llama::load(&file, dev, &mut |_, _| {}).expect("load");
+        let mut cache = model.new_cache(16).expect("cache");
+        let mut all = vec![model.forward(&prompt, &mut cache, true).and_then(|t| t.to_vec_f32()).expect("prefill")];
+        for &id in &steps {
+            all.push(match replay {
+                true => model.decode(id, &mut cache).expect("replayed step"),
+                false => model.forward(&[id], &mut cache, false).and_then(|t| t.to_vec_f32()).expect("step"),
+            });
+        }
+        if replay {
+            assert!(cache.decode_stats().is_some_and(|s| s.steps == steps.len()), "the replay ran on {}", dev.name());
+        }
+        all
+    };
+    let want = run(&Device::Cpu, false);
+    for dev in gpu_devices().iter().take(1) {
+        let (replayed, per_op) = (run(dev, true), run(dev, false));
+        for (i, ((r, p), w)) in replayed.iter().zip(&per_op).zip(&want).enumerate() {
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff(r, p) <= 1e-4 * scale.max(1.0), "pass {i} on {}: replay vs per-op {}", dev.name(), diff(r, p));
+            assert!(
+                diff(r, w) <= 0.05 * scale,
+                "pass {i} on {}: logits differ by {} (largest {scale})",
+                dev.name(),
+                diff(r, w)
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&path);
 }

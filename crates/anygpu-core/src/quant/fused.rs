@@ -7,7 +7,7 @@
 //! not apply (the CPU, more than `MATVEC_MAX_N` x rows, a paired-row matrix split over several
 //! bindings, partials too large to re-read in every workgroup).
 
-use super::gpu::{qmatvec_fused, Epilogue, Prologue, Q8Rows, QOptions, RopeKvEpilogue};
+use super::gpu::{qmatvec_fused, Epilogue, NormRounding, Prologue, Q8Rows, QOptions, RopeKvEpilogue};
 use super::{QStorage, QTensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -22,6 +22,17 @@ pub struct RmsNorm<'a> {
     /// [cols] f32, on the weights' device.
     pub weight: &'a Tensor,
     pub eps: f32,
+    /// x rounded for this norm by the product that wrote x ([`QTensor::qmatmul_add_rounding`]
+    /// with this weight), which a product that takes 8-bit x then reads instead of rounding
+    /// x itself; ignored elsewhere.
+    pub rounded: Option<&'a Q8Rows>,
+}
+
+impl<'a> RmsNorm<'a> {
+    /// The norm of x with no rounding made for it.
+    pub fn new(weight: &'a Tensor, eps: f32) -> RmsNorm<'a> {
+        RmsNorm { weight, eps, rounded: None }
+    }
 }
 
 /// The attention side of [`QTensor::qmatmul_rms_rope_kv`]: the rope of Q and K, and the KV
@@ -52,6 +63,7 @@ fn check_residual(op: &'static str, w: &QTensor, x: &Tensor, resid: &Tensor) -> 
 /// The matvec prologue of an optional RMSNorm.
 fn prologue(norm: Option<RmsNorm<'_>>) -> Prologue<'_> {
     match norm {
+        Some(RmsNorm { weight, eps, rounded: Some(r) }) => Prologue::RoundedNorm(r, weight, eps),
         Some(n) => Prologue::RmsNorm(n.weight, n.eps),
         None => Prologue::None,
     }
@@ -143,6 +155,86 @@ impl QTensor {
         self.qmatmul_add(x.x(), resid)
     }
 
+    /// [`QTensor::qmatmul_add`] that also rounds the sum h for the next product's RMSNorm with
+    /// weight `next` [rows] (see [`QTensor::reads_rounded_norm`]), in the same dispatch: h, and
+    /// `Some` rounding to pass as that norm's [`RmsNorm::rounded`] where the product ran so on a
+    /// GPU (one dispatch fewer per norm: the decode step's rounding of x for the Q|K|V and
+    /// gate|up products); `None` where it did not (the CPU, more x rows than the matvec takes,
+    /// a device without 1,024-invocation workgroups or subgroups of 8, rows not whole 32-row
+    /// blocks).
+    pub fn qmatmul_add_rounding(&self, x: &Tensor, resid: &Tensor, next: &Tensor) -> Result<(Tensor, Option<Q8Rows>)> {
+        const OP: &str = "qmatmul_add_rounding";
+        self.check_input(OP, x)?;
+        check_residual(OP, self, x, resid)?;
+        if let Some((h, r)) = self.add_rounding(x, resid, next, Prologue::None, QOptions::default())? {
+            return Ok((h, Some(r)));
+        }
+        Ok((self.qmatmul_add(x, resid)?, None))
+    }
+
+    /// [`QTensor::qmatmul_add_q8`] with the rounding of [`QTensor::qmatmul_add_rounding`].
+    pub fn qmatmul_add_q8_rounding(
+        &self,
+        x: &Q8Rows,
+        resid: &Tensor,
+        next: &Tensor,
+    ) -> Result<(Tensor, Option<Q8Rows>)> {
+        const OP: &str = "qmatmul_add_q8_rounding";
+        if self.takes_q8_rows() && resid.device().same(self.device()) {
+            self.check_input(OP, x.x())?;
+            check_residual(OP, self, x.x(), resid)?;
+            let opts = QOptions { x_q8: Some(true), ..QOptions::default() };
+            if let Some((h, r)) = self.add_rounding(x.x(), resid, next, Prologue::Rounded(x), opts)? {
+                return Ok((h, Some(r)));
+            }
+        }
+        Ok((self.qmatmul_add_q8(x, resid)?, None))
+    }
+
+    /// The rounding epilogue's product, `None` where it does not run.
+    fn add_rounding(
+        &self,
+        x: &Tensor,
+        resid: &Tensor,
+        next: &Tensor,
+        pro: Prologue<'_>,
+        opts: QOptions,
+    ) -> Result<Option<(Tensor, Q8Rows)>> {
+        if self.device().gpu().is_none() || !resid.device().same(self.device()) {
+            return Ok(None);
+        }
+        if next.numel() != self.rows() || next.dtype() != DType::F32 || !next.device().same(self.device()) {
+            return Err(Error::shape(
+                "qmatmul_add_rounding",
+                format!("norm weight {} does not match the {} rows", next.shape(), self.rows()),
+            ));
+        }
+        let words = Q8Rows::normed_words_for(resid.numel(), self.device())?;
+        let nr = NormRounding { weight: next, words: &words };
+        match qmatvec_fused(self, x, Epilogue::AddRound(resid, &nr), pro, opts)? {
+            Some(h) => {
+                let h = h.reshape(resid.shape().clone())?;
+                Ok(Some((h.clone(), Q8Rows { x: h, q: words, normed: true })))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a decode product of this matrix after an RMSNorm would read x rounded for the
+    /// norm by x's producer ([`RmsNorm::rounded`]) rather than round x in a dispatch of its
+    /// own: on a GPU, for a matrix that takes 8-bit x (as [`QTensor::takes_q8_rows`]) whose
+    /// product normalises x apart (rows too wide to stage it in every workgroup, or too many
+    /// workgroups: the 8B's Q|K|V, gate|up and output head, the 1B's gate|up and head), rows a
+    /// multiple of 128 wide. `paired`: the product is `qmatmul_glu_rms` or
+    /// `qmatmul_rms_rope_kv` (their epilogues pair rows), else `qmatmul_rms`. A decode step asks
+    /// before it runs the product that writes x. `ANYGPU_NORM_ROUNDING=0` says no everywhere
+    /// (the rounding dispatches as before, for comparisons).
+    pub fn reads_rounded_norm(&self, paired: bool) -> Result<bool> {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var("ANYGPU_NORM_ROUNDING").is_ok_and(|v| v == "0"));
+        Ok(!off && self.takes_q8_rows() && super::gpu::reads_rounded_norm(self, paired)?)
+    }
+
     /// Whether [`QTensor::qmatmul_add_q8`] reads the rounded rows rather than the f32 ones: on
     /// a GPU, for a matrix that takes Q8 x (marked `CpuMath::Q8`, of a type with Q8 units). A
     /// decode step asks before its attention runs.
@@ -212,9 +304,7 @@ impl QTensor {
         const OP: &str = "qmatmul_rms";
         self.check_input(OP, x)?;
         if self.device().gpu().is_some() {
-            if let Some(y) =
-                qmatvec_fused(self, x, Epilogue::Store, Prologue::RmsNorm(norm.weight, norm.eps), QOptions::default())?
-            {
+            if let Some(y) = qmatvec_fused(self, x, Epilogue::Store, prologue(Some(norm)), QOptions::default())? {
                 return Ok(y);
             }
         }
@@ -324,8 +414,8 @@ impl QTensor {
                 v_cache: kv.v_cache,
                 bias,
             };
-            let nw = Prologue::RmsNorm(norm.weight, norm.eps);
-            if let Some(q) = qmatvec_fused(self, x, Epilogue::RopeKv(&epi), nw, QOptions::default())? {
+            if let Some(q) = qmatvec_fused(self, x, Epilogue::RopeKv(&epi), prologue(Some(norm)), QOptions::default())?
+            {
                 return Ok(q);
             }
             // A row too wide for the RMSNorm prologue: the norm runs on its own, the rope

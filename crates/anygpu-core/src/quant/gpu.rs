@@ -421,7 +421,31 @@ pub(crate) enum Epilogue<'a> {
     /// W is a Q|K|V stack [(H + 2 Hkv) D, cols]: rope of Q and K, Q to the output [n, H, D], K
     /// and V into the caches (matvec_rope.wgsl).
     RopeKv(&'a RopeKvEpilogue<'a>),
+    /// `Add`, and the sum h also rounded for the next product's RMSNorm: `h * weight` in 8-bit
+    /// blocks and each block's sum of h^2 into `words` (see [`NormRounding`]).
+    AddRound(&'a Tensor, &'a NormRounding<'a>),
 }
+
+/// The rounding half of [`Epilogue::AddRound`]: the residual sum h [n, rows] leaves the product
+/// a second time as the next RMSNorm's input rounded to 8-bit blocks, so that the product after
+/// it reads that instead of normalising and rounding h in a dispatch of its own (the 8B's
+/// `quantize_q8` before its Q|K|V and gate|up products). The norm's 1 / rms(h) is a factor
+/// common to a whole row, and the rounding of a block does not depend on a common factor (d
+/// scales with it, q does not), so the blocks of `h * weight` are the blocks of the normalised
+/// row, their d unscaled; the reader scales its dot products by 1 / rms(h), which it adds up
+/// from the blocks' sums of squares. Each workgroup owns one block: 32 rows, 1,024
+/// invocations (see [`ROUND_WG`]).
+pub(crate) struct NormRounding<'a> {
+    /// The next norm's weight [rows], f32.
+    pub weight: &'a Tensor,
+    /// [`Q8Rows::words_for`] n * rows elements, normed: the bytes, the blocks' (d, s), then
+    /// the blocks' sums of squares.
+    pub words: &'a Tensor,
+}
+
+/// Invocations per workgroup of the rounding epilogue (32 rows of 32 invocations: one 8-bit
+/// block of the output per workgroup, so that no workgroup waits for another).
+pub(super) const ROUND_WG: usize = 1024;
 
 /// The arguments of [`Epilogue::RopeKv`], checked by the caller (`QTensor::qmatmul_rms_rope_kv`):
 /// the caches are contiguous f32 [hkv, cap, d] with room for positions start_pos..start_pos + n,
@@ -549,6 +573,11 @@ pub(crate) enum Prologue<'a> {
     /// x rounded to 8-bit blocks already, by the kernel that wrote it (`Q8Rows`): the Q8
     /// matvec reads the blocks, no rounding dispatch (x itself, f32, is passed for the shapes).
     Rounded(&'a Q8Rows),
+    /// `RmsNorm(weight, eps)` of x whose producer rounded `x * weight` already
+    /// ([`Epilogue::AddRound`]): the Q8 matvec reads those blocks and scales its sums by
+    /// 1 / rms(x) from the blocks' sums of squares. `qmatvec_fused` turns it back into
+    /// `RmsNorm` where the product would not round x apart.
+    RoundedNorm(&'a Q8Rows, &'a Tensor, f32),
 }
 
 impl Prologue<'_> {
@@ -558,7 +587,7 @@ impl Prologue<'_> {
             Prologue::RmsNorm(..) => Staging::RmsNorm,
             Prologue::ScaledNorm(..) => Staging::None,
             Prologue::Combine(_) => Staging::Combine,
-            Prologue::Rounded(_) => Staging::None,
+            Prologue::Rounded(_) | Prologue::RoundedNorm(..) => Staging::None,
         }
     }
     fn name(&self) -> &'static str {
@@ -568,6 +597,7 @@ impl Prologue<'_> {
             Prologue::ScaledNorm(..) => "_snorm",
             Prologue::Combine(_) => "_comb",
             Prologue::Rounded(_) => "",
+            Prologue::RoundedNorm(..) => "_rnorm",
         }
     }
 }
@@ -606,6 +636,7 @@ impl Epilogue<'_> {
             Epilogue::Add(_) => "_add",
             Epilogue::Glu => "_glu",
             Epilogue::RopeKv(_) => "_rope_kv",
+            Epilogue::AddRound(..) => "_add_round",
         }
     }
     /// Whether each workgroup's row slots pair up (first half with second half).
@@ -661,6 +692,13 @@ impl Epilogue<'_> {
                 ),
                 ("PARAMS_EXT", ""),
             ],
+            // One row per slot, 32 slots: the workgroup's rows are one block of the rounding.
+            (Epilogue::AddRound(..), _) => [
+                ("EPILOGUE_DECL", ADD_ROUND_DECL),
+                ("ROWS", ROWS),
+                ("STORE", ADD_ROUND_STORE),
+                ("PARAMS_EXT", ""),
+            ],
             (Epilogue::Glu, false) => [
                 ("EPILOGUE_DECL", ""),
                 (
@@ -697,6 +735,40 @@ impl Epilogue<'_> {
         }
     }
 }
+
+/// [`Epilogue::AddRound`]'s bindings (after the residual's) and the staged block.
+const ADD_ROUND_DECL: &str = "@group(0) @binding(4) var<storage, read> resid: array<f32>;
+@group(0) @binding(5) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(6) var<storage, read> rnw: array<vec4<f32>>;
+var<workgroup> hblk: array<f32, 32>;";
+
+/// [`Epilogue::AddRound`]'s store: h = W x + resid as `Add` stores it, then the workgroup's 32
+/// rows (RPW = 32, one row per slot) rounded as one 8-bit block of `h * weight` by the first
+/// eight lanes (round_q8.wgsl's `q8_round_lanes`: rows 4l .. 4l + 4 in lane l; every
+/// invocation calls it, the shuffles want uniform control flow), with the block's sum of h^2.
+/// The rounded row is `out_stride` wide (one row slice: the whole output), its words laid out
+/// as quantize_q8.wgsl's for the dispatch's n rows, the sums after the (d, s) pairs.
+const ADD_ROUND_STORE: &str = "    var hv = 0.0;
+    if (live && t == 0u) {
+        let o = xr * p.out_stride + orow;
+        hv = sum0 + resid[p.r_off + o];
+        out[p.out_off + o] = hv;
+    }
+    if (t == 0u) {
+        hblk[slot] = hv;
+    }
+    workgroupBarrier();
+    let l = lid & 7u;
+    let blk = g - xr * p.groups;
+    let h4 = vec4<f32>(hblk[4u * l], hblk[4u * l + 1u], hblk[4u * l + 2u], hblk[4u * l + 3u]);
+    let ok = lid < 8u && xr < p.n;
+    let nb = p.out_stride / 32u;
+    let ds = (p.n * p.out_stride) / 4u;
+    q8_round_lanes(h4 * rnw[8u * blk + l], xr * (p.out_stride / 4u) + 8u * blk + l, ds + 2u * (xr * nb + blk), ok, lid == 0u);
+    let ss = lanes_sum(dot(h4, h4), 8u);
+    if (ok && lid == 0u) {
+        xq[ds + (p.n * p.out_stride) / 16u + xr * nb + blk] = bitcast<u32>(ss);
+    }";
 
 /// The x-side replacements of matvec.wgsl (X_DECL, PROLOGUE, XB): x read from its binding,
 /// or (`norm_binding` = Some(4 or 5)) x staged in workgroup memory RMS-normalised and scaled by
@@ -750,7 +822,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
             "    // x row xr merged from the attention partials (matvec_combine.wgsl).
     let cxr = min(xr, p.n - 1u);
     comb_weights(cxr, lid);
-    for (var i = lid; i < XN; i += 256u) {
+    for (var i = lid; i < XN; i += WGS) {
         x4[i] = comb_x4(cxr, i);
     }
     workgroupBarrier();"
@@ -759,7 +831,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
             "    // x row xr merged from the attention partials (matvec_combine.wgsl).
     let cxr = min(xr, p.n - 1u);
     comb_weights(cxr, lid);
-    for (var i = lid; i < XN / 4u; i += 256u) {
+    for (var i = lid; i < XN / 4u; i += WGS) {
         let v = comb_x4(cxr, i);
         x1[4u * i] = v.x;
         x1[4u * i + 1u] = v.y;
@@ -799,7 +871,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     var ss = 0.0;
     for (var i = lid; i < ",
                 $len,
-                "; i += 256u) {
+                "; i += WGS) {
         let v = xin[xrow + i];
         ss += ",
                 $square,
@@ -807,7 +879,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     }
     red[lid] = lanes_sum(ss, SGW);
     workgroupBarrier();
-    for (var s = 128u; s >= SGW; s >>= 1u) {
+    for (var s = WGS / 2u; s >= SGW; s >>= 1u) {
         if (lid < s) {
             red[lid] += red[lid + s];
         }
@@ -816,7 +888,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     let inv_rms = inverseSqrt(red[0] / f32(p.cols) + p.eps);
     for (var i = lid; i < ",
                 $len,
-                "; i += 256u) {
+                "; i += WGS) {
         ",
                 $store,
                 ";
@@ -862,6 +934,49 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
     };
     [("X_DECL", decl), ("PROLOGUE", if quantized { PROLOGUE_Q } else { PROLOGUE_F }), ("XB", "0u")]
 }
+
+/// The x side of [`Prologue::RoundedNorm`] (X_DECL, PROLOGUE, XB): x as 8-bit blocks, as
+/// under `q8`, and this invocation's first vec4 of the row's block sums of squares loaded
+/// before the products (used after them: [`ROUNDED_NORM_SCALE_WGSL`]). The host takes rows of a
+/// multiple of 128 (whole vec4s of sums per row); x row r's sums start at word
+/// xd_off + n cols / 16 + r cols / 32.
+const ROUNDED_NORM_X_SIDE: [(&str, &str); 3] = [
+    (
+        "X_DECL",
+        "@group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
+         @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
+         @group(0) @binding(2) var<storage, read> x1: array<f32>;",
+    ),
+    (
+        "PROLOGUE",
+        "    let ssn = p.cols / 128u;
+    let ss0 = (p.xd_off + (p.n * p.cols) / 16u) / 4u + min(xr, p.n - 1u) * ssn;
+    var ssv = vec4<f32>(0.0);
+    if (t < ssn) {
+        ssv = bitcast<vec4<f32>>(xq4[ss0 + t]);
+    }",
+    ),
+    ("XB", "p.x_off + xr * p.x_stride"),
+];
+
+/// matvec.wgsl's NORM_SCALE under [`Prologue::RoundedNorm`]: the rest of this invocation's
+/// share of the block sums, the row's total (in shuffles where a row lies in one subgroup, else
+/// through `row_sums` as NORM_SCALE_WGSL), and each share of the dot products scaled by
+/// 1 / rms(x).
+const ROUNDED_NORM_SCALE_WGSL: &str = "    for (var i = t + TPR; i < ssn; i += TPR) {
+        ssv += bitcast<vec4<f32>>(xq4[ss0 + i]);
+    }
+    var ss = ssv.x + ssv.y + ssv.z + ssv.w;
+    if (TPR <= SGW) {
+        ss = lanes_sum(ss, TPR);
+    } else {
+        row_sums(ss, lid, t);
+        ss = red[lid - t];
+        workgroupBarrier();
+    }
+    let inv_rms = inverseSqrt(ss / f32(p.cols) + p.eps);
+    acc *= inv_rms;
+    acc2 *= inv_rms;";
 
 /// Whether the matvec reads float x (F32 / F16 / BF16 weights) as whole vec4s (X1_4): every x
 /// row starts on a 16-byte boundary and holds a multiple of 4 elements. The scaled norm needs
@@ -965,6 +1080,11 @@ pub(crate) fn qmatvec_fused(
     opts: QOptions,
 ) -> Result<Option<Tensor>> {
     let (_, ctx) = gpu_weights("qmatmul", w)?;
+    // Rows rounded for the norm by x's producer serve products that take Q8 x only.
+    let pro = match pro {
+        Prologue::RoundedNorm(_, g, e) if !x_q8(w, &opts) => Prologue::RmsNorm(g, e),
+        other => other,
+    };
     // The float types take the norm by scaling (no staged row, so no limit on the row's width
     // or the workgroups) where x is read as vec4. H100, 1B F16 decode: its 33 rms_norm
     // dispatches gone (BENCHMARKS.md, eleventh session).
@@ -993,7 +1113,7 @@ pub(crate) fn qmatvec_fused(
         }
     }
     let norm = match pro {
-        Prologue::RmsNorm(g, e) => Some((g, e)),
+        Prologue::RmsNorm(g, e) | Prologue::RoundedNorm(_, g, e) => Some((g, e)),
         _ => None,
     };
     // The staged row and the reduction array must fit in workgroup memory, and the row must be
@@ -1008,17 +1128,29 @@ pub(crate) fn qmatvec_fused(
     // 1.049 -> 1.035 ms, H100).
     // Where the prologue does not fit, a matrix that takes Q8 x (`x_q8`) has the norm and the
     // rounding to 8 bits in one dispatch before the product instead of a separate rms_norm.
-    let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
     let mut opts = opts;
-    if norm.is_some()
-        && (w.cols() > NORM_PROLOGUE_MAX_COLS
-            || staged > ctx.caps.max_compute_workgroup_storage_size as u64
-            || groups > NORM_PROLOGUE_MAX_GROUPS)
-    {
+    if norm.is_some() && norm_apart(&ctx, w, epi, &opts)? {
         if !x_q8(w, &opts) {
             return Ok(None);
         }
         opts.x_q8 = Some(true);
+    } else if let Prologue::RoundedNorm(_, g, e) = pro {
+        // The norm fits the staging prologue: that, rather than the rounded rows.
+        return qmatvec_fused(w, x, epi, Prologue::RmsNorm(g, e), opts);
+    }
+    // The rounded rows where they are whole and for this x (else the norm's own rounding).
+    if let Prologue::RoundedNorm(r, g, e) = pro {
+        if !r.normed || !w.cols().is_multiple_of(128) || r.x.numel() != x.numel() {
+            return qmatvec_fused(w, x, epi, Prologue::RmsNorm(g, e), opts);
+        }
+    }
+    // The rounding epilogue where its layout fits (else the caller adds without rounding).
+    if let Epilogue::AddRound(..) = epi {
+        let slices = row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len();
+        let one_chunk = (w.cols().max(w.rows()) * n * 4) as u64 + BIND_ALIGN <= binding_limit(&ctx, &opts);
+        if !add_round_fits(&ctx, w.rows(), n, slices, if one_chunk { n } else { 0 }, &pro) {
+            return Ok(None);
+        }
     }
     // A product without a prologue pays a rounding dispatch of its own: worth it for large
     // matrices only (see Q8_OWN_DISPATCH_MIN_BYTES).
@@ -1049,6 +1181,30 @@ pub(crate) fn qmatvec_fused(
     }
     let opts = QOptions { kernel: Some(QKernel::Matvec), ..opts };
     qmatmul_with(w, x, n, out_shape, opts, epi, pro).map(Some)
+}
+
+/// Whether a product of W with the epilogue `epi` normalises x apart from its products (see
+/// `qmatvec_fused`): the staged row would not fit workgroup memory, the row is wider than
+/// [`NORM_PROLOGUE_MAX_COLS`], or the product has more than [`NORM_PROLOGUE_MAX_GROUPS`]
+/// workgroups.
+fn norm_apart(ctx: &GpuContext, w: &QTensor, epi: Epilogue<'_>, opts: &QOptions) -> Result<bool> {
+    let staged = (w.cols().next_multiple_of(4) * 4 + WG * 4) as u64;
+    let groups = prologue_groups(w, epi, Staging::RmsNorm, opts)?;
+    Ok(w.cols() > NORM_PROLOGUE_MAX_COLS
+        || staged > ctx.caps.max_compute_workgroup_storage_size as u64
+        || groups > NORM_PROLOGUE_MAX_GROUPS)
+}
+
+/// Whether a decode product of W after an RMSNorm (`paired`: the GLU or rope epilogue's row
+/// pairs, else a plain store) would read x rounded for the norm by x's producer
+/// (`Prologue::RoundedNorm`) rather than round it in a dispatch of its own: on a GPU, where W
+/// takes 8-bit x, its rows are whole vec4s of block sums (a multiple of 128 wide) and the norm
+/// runs apart ([`norm_apart`]).
+pub(crate) fn reads_rounded_norm(w: &QTensor, paired: bool) -> Result<bool> {
+    let Some(ctx) = w.device().gpu() else { return Ok(false) };
+    let opts = QOptions::default();
+    let epi = if paired { Epilogue::Glu } else { Epilogue::Store };
+    Ok(x_q8(w, &opts) && w.cols().is_multiple_of(128) && norm_apart(ctx, w, epi, &opts)?)
 }
 
 /// Whether the combine prologue takes these partials for W: x is [B * Tq, H * D] with
@@ -1087,6 +1243,22 @@ fn combine_fits(
     // Each workgroup reads its x row's partials.
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
+}
+
+/// Whether [`Epilogue::AddRound`] takes a product of `rows` output rows over `n` x rows: whole
+/// 32-row blocks, one row slice and one chunk of x rows (the words are laid out for the whole
+/// output), workgroups of [`ROUND_WG`] invocations, subgroups of at least 8 lanes
+/// (`q8_round_lanes`), x read as bound or rounded already (no staging prologue).
+fn add_round_fits(ctx: &GpuContext, rows: usize, n: usize, slices: usize, n_per: usize, pro: &Prologue<'_>) -> bool {
+    let c = &ctx.caps;
+    rows > 0
+        && rows.is_multiple_of(32)
+        && slices == 1
+        && n_per == n
+        && (c.max_compute_invocations_per_workgroup as usize) >= ROUND_WG
+        && (c.max_compute_workgroup_size_x as usize) >= ROUND_WG
+        && lane_width(ctx) >= 8
+        && matches!(pro, Prologue::None | Prologue::Rounded(_))
 }
 
 /// Workgroups per x row of a fused product (see qmatmul_with), by which the prologues' rules
@@ -1322,20 +1494,33 @@ fn quantize_x_q8(
 /// reads the blocks without a rounding dispatch of its own (`QTensor::qmatmul_add_q8`). The
 /// words are laid out as quantize_q8.wgsl writes them (round_q8.wgsl): n * cols / 4 words of
 /// bytes, then n * cols / 16 words of the blocks' (d, s).
+///
+/// Rounded for an RMSNorm (`normed`, by [`Epilogue::AddRound`]), the blocks are those of
+/// `x * weight`, d not scaled by 1 / rms(x), and each block's sum of x^2 follows the (d, s)
+/// words (see [`NormRounding`]).
 pub struct Q8Rows {
     pub(crate) x: Tensor,
     pub(crate) q: Tensor,
+    pub(crate) normed: bool,
 }
 
 impl Q8Rows {
     /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
     pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
         let q = Q8Rows::words_for(x.numel(), x.device())?;
-        Ok(Q8Rows { x, q })
+        Ok(Q8Rows { x, q, normed: false })
     }
     /// The (unwritten) words for `numel` elements of x on `device`.
     pub(crate) fn words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
         Tensor::gpu_empty(vec![numel / 4 + numel / 16], DType::U32, device)
+    }
+    /// The (unwritten) words of a normed rounding of `numel` elements on `device`.
+    pub(crate) fn normed_words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
+        Tensor::gpu_empty(vec![Q8Rows::normed_words(numel)], DType::U32, device)
+    }
+    /// Words of a normed rounding of `numel` elements: bytes, (d, s) pairs, sums of squares.
+    pub(crate) fn normed_words(numel: usize) -> usize {
+        numel / 4 + numel / 16 + numel / 32
     }
     /// x, f32 [n, cols].
     pub fn x(&self) -> &Tensor {
@@ -1402,7 +1587,7 @@ fn qmatmul_with(
         _ => None,
     };
     let resid = match epi {
-        Epilogue::Add(r) => {
+        Epilogue::Add(r) | Epilogue::AddRound(r, _) => {
             let r = r.contiguous()?;
             if r.numel() != n * rows {
                 return Err(Error::shape(
@@ -1448,16 +1633,46 @@ fn qmatmul_with(
         && has_q8_units(ty)
         && n <= MATVEC_MAX_N
         && n_per == n;
-    // x rounded already by its producer (read only under q8; otherwise the f32 x is).
+    // x rounded already by its producer (read only under q8; otherwise the f32 x is), and
+    // under RoundedNorm normalised by the kernel (`normed`: the norm's eps).
+    if matches!(pro, Prologue::Rounded(r) if r.normed) {
+        return Err(Error::gpu(OP, "rows rounded for a norm read as plain rounded x"));
+    }
     let rounded = match pro {
-        Prologue::Rounded(r) if q8 => {
+        Prologue::Rounded(r) | Prologue::RoundedNorm(r, ..) if q8 => {
             Some(r.q.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "Q8 rows not on a GPU"))?)
+        }
+        _ => None,
+    };
+    let normed = match pro {
+        Prologue::RoundedNorm(r, _, e) => {
+            if !q8 || !r.normed || !cols.is_multiple_of(128) || r.q.numel() < Q8Rows::normed_words(n * cols) {
+                return Err(Error::gpu(OP, "rows rounded for a norm need the Q8 matvec on whole 128-column vec4s"));
+            }
+            Some(e)
+        }
+        _ => None,
+    };
+    let round = match epi {
+        Epilogue::AddRound(_, nr) => {
+            let words = nr.words.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "rounding words not on a GPU"))?;
+            if !add_round_fits(&ctx, rows, n, slices.len(), n_per, &pro)
+                || nr.words.numel() < Q8Rows::normed_words(n * rows)
+            {
+                return Err(Error::gpu(OP, "the rounding epilogue does not fit this product"));
+            }
+            Some((words, norm_weight(OP, nr.weight, rows, &x)?))
         }
         _ => None,
     };
     // The rounding's norm; the matvec then has no prologue.
     let q8_norm = norm.filter(|_| q8);
-    let (pro, norm) = if q8 || matches!(pro, Prologue::Rounded(_)) { (Prologue::None, None) } else { (pro, norm) };
+    let pro_name = pro.name();
+    let (pro, norm) = match pro {
+        _ if q8 => (Prologue::None, None),
+        Prologue::Rounded(_) => (Prologue::None, None),
+        other => (other, norm),
+    };
 
     let name = wgsl_name(ty);
     // GLU and RopeKv pair two row slots per output row.
@@ -1469,7 +1684,7 @@ fn qmatmul_with(
                 "qmatvec_{name}_t{tpr}{}{}{}{}",
                 if layout.rps == 2 { "_r2" } else { "" },
                 epi.name(),
-                pro.name(),
+                if normed.is_some() { pro_name } else { pro.name() },
                 if q8 { "_q8" } else { "" }
             ),
             match (epi, pro) {
@@ -1482,8 +1697,10 @@ fn qmatmul_with(
         )
         .constant_u32("TPR", tpr as u32)
         .with(lane_reductions_wgsl(&ctx))
-        .constant_u32("RPW", (WG / tpr) as u32)
+        .constant_u32("WGS", layout.wg as u32)
+        .constant_u32("RPW", (layout.wg / tpr) as u32)
         .constant_u32("RPS", layout.rps as u32)
+        .with(if round.is_some() { ROUND_Q8_WGSL } else { "" })
         // The staged row of the RMSNorm prologue (vec4 units for the quantized types, elements
         // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
         // every width.
@@ -1513,9 +1730,10 @@ fn qmatmul_with(
             let [e0, e1, e2, e3] = epi.wgsl(norm.is_some(), layout.rps == 2);
             // The combine prologue's params words (the epilogue then has none, see above).
             let e3 = if combine.is_some() { ("PARAMS_EXT", COMBINE_PARAMS_WGSL) } else { e3 };
-            let [x0, x1, x2] = match scaled {
-                true => scaled_norm_x_side(norm_binding),
-                false => x_side(ty.is_quantized(), norm_binding, combine.is_some(), q8),
+            let [x0, x1, x2] = match (scaled, normed) {
+                (true, _) => scaled_norm_x_side(norm_binding),
+                (false, Some(_)) => ROUNDED_NORM_X_SIDE,
+                (false, None) => x_side(ty.is_quantized(), norm_binding, combine.is_some(), q8),
             };
             // Whole 16-byte loads of x for the float types where its rows allow (see x1_4 in
             // matvec.wgsl). H100, tg128: 1B F16 669.3 -> 690.3 tok/s, 1B BF16 630.9 -> 648.1.
@@ -1529,7 +1747,11 @@ fn qmatmul_with(
                 // contiguous (which keeps a contiguous x's offset and gives a copy offset 0).
                 (true, false) => return Err(Error::gpu(OP, "the scaled norm needs x read as vec4")),
             };
-            let x5 = ("NORM_SCALE", if scaled { NORM_SCALE_WGSL } else { "" });
+            let x5 = match (scaled, normed) {
+                (true, _) => ("NORM_SCALE", NORM_SCALE_WGSL),
+                (false, Some(_)) => ("NORM_SCALE", ROUNDED_NORM_SCALE_WGSL),
+                (false, None) => ("NORM_SCALE", ""),
+            };
             ctx.pipeline(&spec, &[e0, e1, e2, e3, x0, x1, x2, x3, x5])?
         }
         QKernel::Tiled | QKernel::Coop => ctx.pipeline(&spec, &[])?,
@@ -1538,7 +1760,7 @@ fn qmatmul_with(
     // Dispatched once the product's pipeline exists (a kernel that fails to compile leaves no
     // stray dispatch behind).
     let xq_own = if q8 && rounded.is_none() { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
-    let words = n * cols / 4 + n * cols / 16;
+    let words = if normed.is_some() { Q8Rows::normed_words(n * cols) } else { n * cols / 4 + n * cols / 16 };
     let xq = xq_own.as_ref().map(|(b, w)| (b, *w)).or(rounded.map(|b| (b, words)));
     // The coop kernel's x as f16 (see coop::XAccess::Half).
     let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
@@ -1586,6 +1808,10 @@ fn qmatmul_with(
             if let Some(g) = &norm_w {
                 binds.push(norm_weight_bind(OP, g, cols)?);
             }
+            if let Some((words, g)) = &round {
+                binds.push(Bind::Slice(words.buffer(), 0, Q8Rows::normed_words(n * rows) as u64 * 4));
+                binds.push(norm_weight_bind(OP, g, rows)?);
+            }
             if let Some(r) = &rope {
                 r.push_binds(&mut binds);
             }
@@ -1614,7 +1840,7 @@ fn qmatmul_with(
                         groups: u(groups)?,
                         n: u(nc)?,
                         r_off,
-                        eps: norm.map_or(0.0, |(_, e)| e),
+                        eps: norm.map_or(normed.unwrap_or(0.0), |(_, e)| e),
                         _pad0: 0,
                         xd_off: u(n * cols / 4)?,
                         _pad2: 0,

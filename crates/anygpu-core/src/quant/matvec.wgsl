@@ -1,6 +1,7 @@
 // y = W x with W in GGML blocks, read as stored (decode: one token, memory-bound).
 //
-// A workgroup of 256 invocations has RPW = 256 / TPR row slots, TPR invocations per slot, and
+// A workgroup of WGS invocations (256; 1024 under the rounding epilogue, see gpu.rs) has RPW =
+// WGS / TPR row slots, TPR invocations per slot, and
 // each slot computes RPS (1 or 2) rows of W: two share each unit's x loads (`mv_unit2`; the
 // float types' choice, see matvec_layout.rs). Invocation t of a slot takes the row's work
 // units t, t + TPR, ... A unit is one or two 4-byte words of a block's quants (8 to 16 weights) plus the block's scales, so neighbouring
@@ -14,7 +15,7 @@
 // g % groups of x row g / groups.
 //
 // Assembled by the host from common.wgsl and this file, keeping the `// @@` sections of one type
-// (see common.wgsl), with `const TPR`, `const RPW`, `const RPS`, and `fn mv_unit(rb, u, xb)`
+// (see common.wgsl), with `const WGS`, `const TPR`, `const RPW`, `const RPS`, and `fn mv_unit(rb, u, xb)`
 // forwarding to the type's function (and `mv_unit2(rb, rb2, u, xb)`, both rows' units). `rb`
 // is the row's first byte; `xb` the x row's first vec4 for the quantized types (whose rows are whole 32-weight blocks), its first element for
 // F32/F16/BF16.
@@ -61,7 +62,7 @@ struct Params {
 // (saving the rope_kv dispatch; see matvec_rope.wgsl).
 {{EPILOGUE_DECL}}
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> red: array<f32, WGS>;
 
 // SGW, `fn lanes_sum(v, width) -> f32` (the sum of v over aligned groups of `width` <= SGW
 // lanes, in every lane of a group) and `lanes_max` come with the header: subgroup shuffles where the device has subgroups of at least
@@ -398,7 +399,7 @@ fn mv_q6k(rb: u32, u: u32, xb: u32) -> f32 {
 
 // ---- entry point -------------------------------------------------------------------------------
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WGS)
 fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let xr = g / p.groups;

@@ -3,7 +3,7 @@
 //! judge a product by its workgroup count (the RMSNorm and combine prologues') take them from
 //! here, so they agree.
 
-use super::gpu::{Epilogue, QOptions, WG};
+use super::gpu::{Epilogue, QOptions, ROUND_WG, WG};
 use super::GgmlType;
 use crate::error::{Error, Result};
 
@@ -99,13 +99,16 @@ fn rows_per_slot(ty: GgmlType) -> usize {
 /// half a workgroup when the epilogue pairs rows over two slots), `rps` W rows per row slot
 /// (`opts.rows_per_slot` when forced, else [`rows_per_slot`]; the kernel's RPS: 2 shares each
 /// unit's x between two rows, a paired epilogue's two rows or two adjacent ones) and the output
-/// rows per workgroup (the kernel's RPW = 256 / tpr row slots,
-/// two per output row when paired over slots, two output rows per slot with rps 2 unpaired).
+/// rows per workgroup (the kernel's RPW = wg / tpr row slots,
+/// two per output row when paired over slots, two output rows per slot with rps 2 unpaired),
+/// `wg` invocations per workgroup (the kernel's WGS: [`WG`], or [`ROUND_WG`] under the
+/// rounding epilogue, whose workgroups own 32 rows of 32 invocations, one row per slot).
 #[derive(Clone, Copy)]
 pub(super) struct MatvecLayout {
     pub units: usize,
     pub tpr: usize,
     pub rps: usize,
+    pub wg: usize,
     pub out_rows_per_group: usize,
 }
 
@@ -120,6 +123,9 @@ impl MatvecLayout {
         staging: Staging,
         opts: &QOptions,
     ) -> Result<MatvecLayout> {
+        if let Epilogue::AddRound(..) = epi {
+            return Ok(MatvecLayout { units, tpr: 32, rps: 1, wg: ROUND_WG, out_rows_per_group: ROUND_WG / 32 });
+        }
         // Two adjacent rows per slot need an even row count (paired rows always come in twos).
         let rps = match opts.rows_per_slot.unwrap_or_else(|| rows_per_slot(ty)) {
             2 if epi.paired() || rows.is_multiple_of(2) => 2,
@@ -133,10 +139,10 @@ impl MatvecLayout {
         Ok(match (epi.paired(), rps) {
             (true, 1) => {
                 let tpr = tpr.min(WG / 2);
-                MatvecLayout { units, tpr, rps, out_rows_per_group: WG / tpr / 2 }
+                MatvecLayout { units, tpr, rps, wg: WG, out_rows_per_group: WG / tpr / 2 }
             }
-            (true, _) => MatvecLayout { units, tpr, rps, out_rows_per_group: WG / tpr },
-            (false, _) => MatvecLayout { units, tpr, rps, out_rows_per_group: rps * WG / tpr },
+            (true, _) => MatvecLayout { units, tpr, rps, wg: WG, out_rows_per_group: WG / tpr },
+            (false, _) => MatvecLayout { units, tpr, rps, wg: WG, out_rows_per_group: rps * WG / tpr },
         })
     }
 

@@ -81,6 +81,15 @@ impl Qkv {
         Ok(Qkv::Stacked { w, bias })
     }
 
+    /// Whether its product reads x rounded for the attention norm by x's producer (see
+    /// `QTensor::reads_rounded_norm`).
+    fn reads_rounded_norm(&self) -> Result<bool> {
+        match self {
+            Qkv::Stacked { w, .. } => w.reads_rounded_norm(true),
+            Qkv::Separate { .. } => Ok(false),
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Qkv::Stacked { w, .. } => w.byte_len(),
@@ -95,6 +104,14 @@ impl GateUp {
         match ld.stacked(&names, true)? {
             Some(w) => Ok(GateUp::Stacked(w)),
             None => Ok(GateUp::Separate { gate: ld.matrix(&names[0])?, up: ld.matrix(&names[1])? }),
+        }
+    }
+
+    /// As [`Qkv::reads_rounded_norm`], for the FFN norm.
+    fn reads_rounded_norm(&self) -> Result<bool> {
+        match self {
+            GateUp::Stacked(w) => w.reads_rounded_norm(true),
+            GateUp::Separate { .. } => Ok(false),
         }
     }
 
@@ -373,11 +390,16 @@ impl Llama {
         let first_stage = t == 1 && pos < short && cache.capacity() > short;
         let max_keys = cache.attention_horizon.or(first_stage.then_some(short));
         let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys };
+        let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let mut x = x;
+        // x rounded for the next RMSNorm by the product that wrote it, where the product after
+        // the norm reads that (on a GPU, rows too wide to stage the norm: see
+        // QTensor::qmatmul_add_rounding): no rounding dispatch of its own.
+        let mut x_rounded = None;
         for (li, b) in self.blocks.iter().enumerate() {
             // The RMSNorms run inside the products that read them (fused on a GPU for a few
             // tokens at a time, see anygpu_core::quant::fused).
-            let attn_norm = RmsNorm { weight: &b.attn_norm, eps: cfg.rms_eps };
+            let attn_norm = RmsNorm { weight: &b.attn_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
             let (q, keys, values) = match &b.qkv {
                 // The product, rope and the cache store in one op (one dispatch when decoding on
                 // a GPU).
@@ -414,17 +436,22 @@ impl Llama {
                 true => q.attention_q8(&keys, &values, &attn)?,
                 false => None,
             };
-            x = match (partials, rounded) {
-                (Some(p), _) => b.wo.qmatmul_add_combined(&p, &x)?,
-                (None, Some(r)) => b.wo.qmatmul_add_q8(&r, &x)?,
-                (None, None) => {
+            let ffn_rounding = b.gate_up.reads_rounded_norm()?.then_some(&b.ffn_norm);
+            (x, x_rounded) = match (partials, rounded, ffn_rounding) {
+                (Some(p), _, _) => (b.wo.qmatmul_add_combined(&p, &x)?, None),
+                (None, Some(r), Some(next)) => b.wo.qmatmul_add_q8_rounding(&r, &x, next)?,
+                (None, Some(r), None) => (b.wo.qmatmul_add_q8(&r, &x)?, None),
+                (None, None, _) => {
                     // [1, H, T, D], stored [1, T, H, D]: the permute and reshape are views.
                     let a = q.attention(&keys, &values, &attn)?;
                     let a = a.permute(&[0, 2, 1, 3])?.reshape([t, h * d])?;
-                    b.wo.qmatmul_add(&a, &x)?
+                    match ffn_rounding {
+                        Some(next) => b.wo.qmatmul_add_rounding(&a, &x, next)?,
+                        None => (b.wo.qmatmul_add(&a, &x)?, None),
+                    }
                 }
             };
-            let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps };
+            let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
             let g = match &b.gate_up {
                 GateUp::Stacked(w) => w.qmatmul_glu_rms(&x, ffn_norm)?,
                 GateUp::Separate { gate, up } => {
@@ -432,12 +459,21 @@ impl Llama {
                     gate.qmatmul(&hn)?.silu()?.mul(&up.qmatmul(&hn)?)?
                 }
             };
-            x = b.w_down.qmatmul_add(&g, &x)?;
+            // The next norm: the next block's attention norm, or the output norm (whose rows
+            // are those of the last x row only: rounded when that is all of x).
+            let next_rounding = match self.blocks.get(li + 1) {
+                Some(nb) => nb.qkv.reads_rounded_norm()?.then_some(&nb.attn_norm),
+                None => (head.reads_rounded_norm(false)? && (t == 1 || all_logits)).then_some(&self.output_norm),
+            };
+            (x, x_rounded) = match next_rounding {
+                Some(next) => b.w_down.qmatmul_add_rounding(&g, &x, next)?,
+                None => (b.w_down.qmatmul_add(&g, &x)?, None),
+            };
         }
         cache.advance(t);
         let x = if all_logits { x } else { x.narrow(0, t - 1, 1)? };
-        let output_norm = RmsNorm { weight: &self.output_norm, eps: cfg.rms_eps };
-        self.output.as_ref().unwrap_or(&self.token_embd).qmatmul_rms(&x, output_norm)
+        let output_norm = RmsNorm { weight: &self.output_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
+        head.qmatmul_rms(&x, output_norm)
     }
 
     /// Bytes of weights on the device.

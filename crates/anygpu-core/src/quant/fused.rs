@@ -7,7 +7,7 @@
 //! not apply (the CPU, more than `MATVEC_MAX_N` x rows, a paired-row matrix split over several
 //! bindings, partials too large to re-read in every workgroup).
 
-use super::gpu::{qmatvec_fused, Epilogue, NormRounding, Prologue, Q8Rows, QOptions, RopeKvEpilogue};
+use super::gpu::{qmatvec_fused, Epilogue, NormRounding, Prologue, Q8Rows, QOptions, RopeKvEpilogue, MATVEC_MAX_N};
 use super::{QStorage, QTensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -200,7 +200,9 @@ impl QTensor {
         pro: Prologue<'_>,
         opts: QOptions,
     ) -> Result<Option<(Tensor, Q8Rows)>> {
-        if self.device().gpu().is_none() || !resid.device().same(self.device()) {
+        // Decode and short prompts only (the matvec's rows): nothing allocated for a prefill.
+        let n = resid.numel() / self.rows().max(1);
+        if self.device().gpu().is_none() || !resid.device().same(self.device()) || n > MATVEC_MAX_N {
             return Ok(None);
         }
         if next.numel() != self.rows() || next.dtype() != DType::F32 || !next.device().same(self.device()) {

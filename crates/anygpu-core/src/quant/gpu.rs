@@ -438,8 +438,8 @@ pub(crate) enum Epilogue<'a> {
 pub(crate) struct NormRounding<'a> {
     /// The next norm's weight [rows], f32.
     pub weight: &'a Tensor,
-    /// [`Q8Rows::words_for`] n * rows elements, normed: the bytes, the blocks' (d, s), then
-    /// the blocks' sums of squares.
+    /// [`Q8Rows::normed_words_for`] n * rows elements: the bytes, the blocks' (d, s), then the
+    /// blocks' sums of squares.
     pub words: &'a Tensor,
 }
 

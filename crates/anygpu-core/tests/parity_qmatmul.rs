@@ -652,7 +652,7 @@ fn rope_kv_epilogue_matches_composition() {
 /// rounded by the attention: `qmatmul_add_q8_rounding`). Where the device runs the epilogue
 /// (1,024 invocations per workgroup, subgroups of 8), each next product is one dispatch (two
 /// with its own rounding), as close to the exact product (f32 x) as its own rounding is, and
-/// rows rounded for another weight change its result (they are read).
+/// rows made for another weight or from another x are refused (the product rounds x itself).
 #[test]
 fn add_rounding_feeds_the_next_norm() {
     use anygpu_core::quant::CpuMath;
@@ -741,10 +741,18 @@ fn add_rounding_feeds_the_next_norm() {
                 }
                 let (_, rec) = ctx.record(|| producer.qmatmul_add_rounding(&x, &resid, &g))?;
                 assert_eq!(rec.len(), 1, "{name}: the producer's dispatches");
-                // Rows rounded for another weight are read: the result moves.
-                let (_, other) = producer.qmatmul_add_rounding(&x, &resid, &g2)?;
-                let wrong = wc.qmatmul_rms(&hsum, RmsNorm { rounded: other.as_ref(), ..norm })?;
-                assert_ne!(wrong.to_vec_f32()?, wc.qmatmul_rms(&hsum, norm)?.to_vec_f32()?, "{name}: rows unread");
+                // Rows made for another weight, or from another x of the same shape, are not
+                // taken: the product rounds x itself (two dispatches) and computes what it
+                // computes without rows.
+                let (_, other_w) = producer.qmatmul_add_rounding(&x, &resid, &g2)?;
+                let (_, other_h) = producer.qmatmul_add_rounding(&x, &resid, &g)?;
+                let own_plain = wc.qmatmul_rms(&hsum, RmsNorm::new(&g, 1e-5))?.to_vec_f32()?;
+                for (what, rows) in [("another weight", &other_w), ("another x", &other_h)] {
+                    let nm = RmsNorm { rounded: rows.as_ref(), ..norm };
+                    let (_, rec) = ctx.record(|| wc.qmatmul_rms(&hsum, nm))?;
+                    assert_eq!(rec.len(), 2, "{name}: rows made for {what} were taken");
+                    assert_eq!(wc.qmatmul_rms(&hsum, nm)?.to_vec_f32()?, own_plain, "{name}: rows made for {what}");
+                }
             }
             // On x rounded by the attention (the output projection's `qmatmul_add_q8_rounding`):
             // 3 heads of 32 = the producer's 96 columns; where the device rounds it (the CPU

@@ -24,7 +24,8 @@ pub struct RmsNorm<'a> {
     pub eps: f32,
     /// x rounded for this norm by the product that wrote x ([`QTensor::qmatmul_add_rounding`]
     /// with this weight), which a product that takes 8-bit x then reads instead of rounding
-    /// x itself; ignored elsewhere.
+    /// x itself; ignored elsewhere, and where the rows were made from another tensor or for
+    /// another weight.
     pub rounded: Option<&'a Q8Rows>,
 }
 
@@ -200,23 +201,23 @@ impl QTensor {
         pro: Prologue<'_>,
         opts: QOptions,
     ) -> Result<Option<(Tensor, Q8Rows)>> {
-        // Decode and short prompts only (the matvec's rows): nothing allocated for a prefill.
-        let n = resid.numel() / self.rows().max(1);
-        if self.device().gpu().is_none() || !resid.device().same(self.device()) || n > MATVEC_MAX_N {
-            return Ok(None);
-        }
         if next.numel() != self.rows() || next.dtype() != DType::F32 || !next.device().same(self.device()) {
             return Err(Error::shape(
                 "qmatmul_add_rounding",
                 format!("norm weight {} does not match the {} rows", next.shape(), self.rows()),
             ));
         }
+        // Decode and short prompts only (the matvec's rows): nothing allocated for a prefill.
+        let n = resid.numel() / self.rows().max(1);
+        if self.device().gpu().is_none() || !resid.device().same(self.device()) || n > MATVEC_MAX_N {
+            return Ok(None);
+        }
         let words = Q8Rows::normed_words_for(resid.numel(), self.device())?;
         let nr = NormRounding { weight: next, words: &words };
         match qmatvec_fused(self, x, Epilogue::AddRound(resid, &nr), pro, opts)? {
             Some(h) => {
                 let h = h.reshape(resid.shape().clone())?;
-                Ok(Some((h.clone(), Q8Rows { x: h, q: words, normed: true })))
+                Ok(Some((h.clone(), Q8Rows { x: h, q: words, norm_weight: Some(next.clone()) })))
             }
             None => Ok(None),
         }

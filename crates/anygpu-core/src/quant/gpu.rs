@@ -16,7 +16,9 @@
 //! # Design (matvec.wgsl), and what the H100 measurements taught
 //!
 //! 256 invocations per workgroup, `TPR` = 32 per row (fewer for short rows, more for products
-//! of few rows: see matvec_layout.rs), 8 rows per workgroup. A work unit is one 4-byte quant
+//! of few rows: see matvec_layout.rs), 8 rows per workgroup (1,024 invocations and 32 rows
+//! under the rounding epilogue, `Epilogue::AddRound`, whose workgroups each round one 8-bit
+//! block of their output for the next norm). A work unit is one 4-byte quant
 //! word of a 32-weight block (4 units per block) or 16 weights of a k-quant super-block (16
 //! units per block), plus the block's scales; invocation t takes units t, t + TPR, ... four at
 //! a time (independent loads in flight), decodes them in registers and multiplies with x at
@@ -1138,9 +1140,11 @@ pub(crate) fn qmatvec_fused(
         // The norm fits the staging prologue: that, rather than the rounded rows.
         return qmatvec_fused(w, x, epi, Prologue::RmsNorm(g, e), opts);
     }
-    // The rounded rows where they are whole and for this x (else the norm's own rounding).
+    // The rounded rows where they are whole and were made from this x for this weight (else
+    // the norm's own rounding).
     if let Prologue::RoundedNorm(r, g, e) = pro {
-        if !r.normed || !w.cols().is_multiple_of(128) || r.x.numel() != x.numel() {
+        let made_for = same_view(&r.x, x) && r.norm_weight.as_ref().is_some_and(|nw| same_view(nw, g));
+        if !made_for || !w.cols().is_multiple_of(128) {
             return qmatvec_fused(w, x, epi, Prologue::RmsNorm(g, e), opts);
         }
     }
@@ -1243,6 +1247,17 @@ fn combine_fits(
     // Each workgroup reads its x row's partials.
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
+}
+
+/// Whether two tensors are the same view of one GPU buffer (rounded rows serve the x, and the
+/// norm weight, they were made from).
+fn same_view(a: &Tensor, b: &Tensor) -> bool {
+    match (a.gpu_buffer(), b.gpu_buffer()) {
+        (Some(p), Some(q)) => {
+            p.buffer() == q.buffer() && a.layout().offset == b.layout().offset && a.numel() == b.numel()
+        }
+        _ => false,
+    }
 }
 
 /// Whether [`Epilogue::AddRound`] takes a product of `rows` output rows over `n` x rows: whole
@@ -1495,20 +1510,20 @@ fn quantize_x_q8(
 /// words are laid out as quantize_q8.wgsl writes them (round_q8.wgsl): n * cols / 4 words of
 /// bytes, then n * cols / 16 words of the blocks' (d, s).
 ///
-/// Rounded for an RMSNorm (`normed`, by [`Epilogue::AddRound`]), the blocks are those of
+/// Rounded for an RMSNorm (`norm_weight`, by [`Epilogue::AddRound`]), the blocks are those of
 /// `x * weight`, d not scaled by 1 / rms(x), and each block's sum of x^2 follows the (d, s)
 /// words (see [`NormRounding`]).
 pub struct Q8Rows {
     pub(crate) x: Tensor,
     pub(crate) q: Tensor,
-    pub(crate) normed: bool,
+    pub(crate) norm_weight: Option<Tensor>,
 }
 
 impl Q8Rows {
     /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
     pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
         let q = Q8Rows::words_for(x.numel(), x.device())?;
-        Ok(Q8Rows { x, q, normed: false })
+        Ok(Q8Rows { x, q, norm_weight: None })
     }
     /// The (unwritten) words for `numel` elements of x on `device`.
     pub(crate) fn words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
@@ -1635,7 +1650,7 @@ fn qmatmul_with(
         && n_per == n;
     // x rounded already by its producer (read only under q8; otherwise the f32 x is), and
     // under RoundedNorm normalised by the kernel (`normed`: the norm's eps).
-    if matches!(pro, Prologue::Rounded(r) if r.normed) {
+    if matches!(pro, Prologue::Rounded(r) if r.norm_weight.is_some()) {
         return Err(Error::gpu(OP, "rows rounded for a norm read as plain rounded x"));
     }
     let rounded = match pro {
@@ -1646,7 +1661,11 @@ fn qmatmul_with(
     };
     let normed = match pro {
         Prologue::RoundedNorm(r, _, e) => {
-            if !q8 || !r.normed || !cols.is_multiple_of(128) || r.q.numel() < Q8Rows::normed_words(n * cols) {
+            if !q8
+                || r.norm_weight.is_none()
+                || !cols.is_multiple_of(128)
+                || r.q.numel() < Q8Rows::normed_words(n * cols)
+            {
                 return Err(Error::gpu(OP, "rows rounded for a norm need the Q8 matvec on whole 128-column vec4s"));
             }
             Some(e)

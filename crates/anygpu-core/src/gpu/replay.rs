@@ -66,6 +66,10 @@ impl Recording {
     pub fn is_empty(&self) -> bool {
         self.dispatches.is_empty()
     }
+    /// The recorded dispatches' ops, in order (named as in the decode profile).
+    pub fn ops(&self) -> impl Iterator<Item = &str> {
+        self.dispatches.iter().map(|d| d.op.as_str())
+    }
 }
 
 /// A params word that depends on the position: `slope * pos + intercept` (wrapping u32).

@@ -800,21 +800,16 @@ macro_rules! prefetched {
     };
 }
 
+/// X_DECL of x as 8-bit blocks (quantize_q8.wgsl), XB in words: `xq4`, and x4 / x1 for the
+/// f32-x unit functions, which stay in the source unused (naga takes several views of one
+/// binding when an entry point uses one).
+const Q8_X_DECL: &str = "@group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> x1: array<f32>;";
+
 fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -> [(&'static str, &'static str); 3] {
     if q8 {
-        // x as 8-bit blocks (quantize_q8.wgsl), XB in words.
-        return [
-            // x4 / x1 for the f32-x unit functions, which stay in the source unused (naga takes
-            // several views of one binding when an entry point uses one).
-            (
-                "X_DECL",
-                "@group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
-                 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
-                 @group(0) @binding(2) var<storage, read> x1: array<f32>;",
-            ),
-            ("PROLOGUE", ""),
-            ("XB", "p.x_off + xr * p.x_stride"),
-        ];
+        return [("X_DECL", Q8_X_DECL), ("PROLOGUE", ""), ("XB", "p.x_off + xr * p.x_stride")];
     }
     if combine {
         // The partials in x's binding; the per-split weights and the merged row in workgroup
@@ -943,12 +938,7 @@ fn x_side(quantized: bool, norm_binding: Option<u32>, combine: bool, q8: bool) -
 /// multiple of 128 (whole vec4s of sums per row); x row r's sums start at word
 /// xd_off + n cols / 16 + r cols / 32.
 const ROUNDED_NORM_X_SIDE: [(&str, &str); 3] = [
-    (
-        "X_DECL",
-        "@group(0) @binding(2) var<storage, read> xq4: array<vec4<u32>>;\n\
-         @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;\n\
-         @group(0) @binding(2) var<storage, read> x1: array<f32>;",
-    ),
+    ("X_DECL", Q8_X_DECL),
     (
         "PROLOGUE",
         "    let ssn = p.cols / 128u;
@@ -1151,8 +1141,8 @@ pub(crate) fn qmatvec_fused(
     // The rounding epilogue where its layout fits (else the caller adds without rounding).
     if let Epilogue::AddRound(..) = epi {
         let slices = row_slices("qmatmul", w, binding_limit(&ctx, &opts))?.len();
-        let one_chunk = (w.cols().max(w.rows()) * n * 4) as u64 + BIND_ALIGN <= binding_limit(&ctx, &opts);
-        if !add_round_fits(&ctx, w.rows(), n, slices, if one_chunk { n } else { 0 }, &pro) {
+        let n_per = x_rows_per_dispatch(binding_limit(&ctx, &opts), w.cols(), w.rows()).min(n);
+        if !add_round_fits(&ctx, w.rows(), n, slices, n_per, &pro) {
             return Ok(None);
         }
     }
@@ -1247,6 +1237,13 @@ fn combine_fits(
     // Each workgroup reads its x row's partials.
     let reread = (groups * n) as u64 * (s * h * (d + 2) * 4) as u64;
     reread <= COMBINE_PROLOGUE_MAX_BYTES
+}
+
+/// x rows a product of `cols` columns and `rows` rows takes per dispatch: as many as x and the
+/// output fit one binding of `max_binding` bytes (each may start up to BIND_ALIGN - 1 bytes
+/// into its binding).
+fn x_rows_per_dispatch(max_binding: u64, cols: usize, rows: usize) -> usize {
+    (max_binding.saturating_sub(BIND_ALIGN) / (cols.max(rows).max(1) as u64 * 4)) as usize
 }
 
 /// Whether two tensors are the same view of one GPU buffer (rounded rows serve the x, and the
@@ -1472,7 +1469,7 @@ fn quantize_x_q8(
         _pad: [u32; 2],
     }
     let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
-    let words = n * cols / 4 + n * cols / 16;
+    let words = Q8Rows::word_count(n * cols);
     let out = ctx.alloc((words * 4) as u64)?;
     let (xbind, delta) = window(xbuf.buffer(), x.layout().offset as u64 * 4, (n * cols) as u64 * 4);
     // The kernel reads x as vec4 (qmatmul_with moves quantized products' x onto 16 bytes).
@@ -1527,15 +1524,19 @@ impl Q8Rows {
     }
     /// The (unwritten) words for `numel` elements of x on `device`.
     pub(crate) fn words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
-        Tensor::gpu_empty(vec![numel / 4 + numel / 16], DType::U32, device)
+        Tensor::gpu_empty(vec![Q8Rows::word_count(numel)], DType::U32, device)
+    }
+    /// Words of the rounding of `numel` elements: bytes, then (d, s) pairs.
+    pub(crate) fn word_count(numel: usize) -> usize {
+        numel / 4 + numel / 16
     }
     /// The (unwritten) words of a normed rounding of `numel` elements on `device`.
     pub(crate) fn normed_words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
-        Tensor::gpu_empty(vec![Q8Rows::normed_words(numel)], DType::U32, device)
+        Tensor::gpu_empty(vec![Q8Rows::normed_word_count(numel)], DType::U32, device)
     }
     /// Words of a normed rounding of `numel` elements: bytes, (d, s) pairs, sums of squares.
-    pub(crate) fn normed_words(numel: usize) -> usize {
-        numel / 4 + numel / 16 + numel / 32
+    pub(crate) fn normed_word_count(numel: usize) -> usize {
+        Q8Rows::word_count(numel) + numel / 32
     }
     /// x, f32 [n, cols].
     pub fn x(&self) -> &Tensor {
@@ -1624,8 +1625,7 @@ fn qmatmul_with(
     }
 
     // x rows per dispatch: all of them unless x or the output exceeds one binding.
-    let widest = (cols.max(rows) as u64) * 4;
-    let n_per = ((max_binding.saturating_sub(BIND_ALIGN) / widest) as usize).min(n);
+    let n_per = x_rows_per_dispatch(max_binding, cols, rows).min(n);
     if n_per == 0 {
         return Err(Error::Unsupported(format!(
             "{OP}: one row of input or output ({cols} or {rows} floats) exceeds this device's \
@@ -1664,7 +1664,7 @@ fn qmatmul_with(
             if !q8
                 || r.norm_weight.is_none()
                 || !cols.is_multiple_of(128)
-                || r.q.numel() < Q8Rows::normed_words(n * cols)
+                || r.q.numel() < Q8Rows::normed_word_count(n * cols)
             {
                 return Err(Error::gpu(OP, "rows rounded for a norm need the Q8 matvec on whole 128-column vec4s"));
             }
@@ -1676,7 +1676,7 @@ fn qmatmul_with(
         Epilogue::AddRound(_, nr) => {
             let words = nr.words.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "rounding words not on a GPU"))?;
             if !add_round_fits(&ctx, rows, n, slices.len(), n_per, &pro)
-                || nr.words.numel() < Q8Rows::normed_words(n * rows)
+                || nr.words.numel() < Q8Rows::normed_word_count(n * rows)
             {
                 return Err(Error::gpu(OP, "the rounding epilogue does not fit this product"));
             }
@@ -1686,8 +1686,9 @@ fn qmatmul_with(
     };
     // The rounding's norm; the matvec then has no prologue.
     let q8_norm = norm.filter(|_| q8);
-    let pro_name = pro.name();
+    // (RoundedNorm stays: the kernel scales by its norm, and its name says so.)
     let (pro, norm) = match pro {
+        Prologue::RoundedNorm(..) => (pro, None),
         _ if q8 => (Prologue::None, None),
         Prologue::Rounded(_) => (Prologue::None, None),
         other => (other, norm),
@@ -1703,7 +1704,7 @@ fn qmatmul_with(
                 "qmatvec_{name}_t{tpr}{}{}{}{}",
                 if layout.rps == 2 { "_r2" } else { "" },
                 epi.name(),
-                if normed.is_some() { pro_name } else { pro.name() },
+                pro.name(),
                 if q8 { "_q8" } else { "" }
             ),
             match (epi, pro) {
@@ -1724,7 +1725,7 @@ fn qmatmul_with(
         // rounded up to 4 otherwise); only then, so that the plain kernels stay one pipeline for
         // every width.
         .with(&match pro {
-            Prologue::None | Prologue::ScaledNorm(..) => String::new(),
+            Prologue::None | Prologue::ScaledNorm(..) | Prologue::RoundedNorm(..) => String::new(),
             _ => format!("const XN: u32 = {}u;", if ty.is_quantized() { cols / 4 } else { cols.next_multiple_of(4) }),
         })
         // The combine prologue's shape: heads, head dim, splits, invocations per head.
@@ -1779,7 +1780,7 @@ fn qmatmul_with(
     // Dispatched once the product's pipeline exists (a kernel that fails to compile leaves no
     // stray dispatch behind).
     let xq_own = if q8 && rounded.is_none() { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
-    let words = if normed.is_some() { Q8Rows::normed_words(n * cols) } else { n * cols / 4 + n * cols / 16 };
+    let words = if normed.is_some() { Q8Rows::normed_word_count(n * cols) } else { Q8Rows::word_count(n * cols) };
     let xq = xq_own.as_ref().map(|(b, w)| (b, *w)).or(rounded.map(|b| (b, words)));
     // The coop kernel's x as f16 (see coop::XAccess::Half).
     let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
@@ -1828,7 +1829,7 @@ fn qmatmul_with(
                 binds.push(norm_weight_bind(OP, g, cols)?);
             }
             if let Some((words, g)) = &round {
-                binds.push(Bind::Slice(words.buffer(), 0, Q8Rows::normed_words(n * rows) as u64 * 4));
+                binds.push(Bind::Slice(words.buffer(), 0, Q8Rows::normed_word_count(n * rows) as u64 * 4));
                 binds.push(norm_weight_bind(OP, g, rows)?);
             }
             if let Some(r) = &rope {

@@ -167,6 +167,9 @@ pub(super) struct Pending {
     /// Commands waiting, in order, for a kernel still compiling (see [`GpuContext::pipeline`]);
     /// counted in `commands`. Every later command joins the queue until it drains.
     deferred: std::collections::VecDeque<Deferred>,
+    /// Bytes written through `queue.write_buffer` since the last submit: the queue holds each
+    /// write's staging copy until a submit runs it (see [`QUEUED_WRITES_MAX`]).
+    queued_write_bytes: u64,
 }
 
 /// A command issued while an earlier kernel was still compiling, with what it binds owned.
@@ -223,8 +226,32 @@ impl std::ops::DerefMut for PendingGuard<'_> {
     }
 }
 
+/// Queued writes past this many bytes are submitted and waited for, which frees their staging
+/// copies: a model's weights are uploaded through the queue before any other command, so
+/// without this every weight's staging copy stayed allocated until the first dispatch, twice
+/// the model in all (pinned host memory on a discrete GPU, the GPU's own on an integrated one).
+const QUEUED_WRITES_MAX: u64 = 256 << 20;
+
 /// Bytes of params one batch can hold (slots are 256-byte aligned: 1024 dispatches).
 const PARAMS_CAPACITY: u64 = 256 << 10;
+
+/// How the device's memory is carved: wgpu sub-allocates buffers from blocks of memory it
+/// reserves, 128-256 MiB each by default (`MemoryHints::Performance`), and a buffer larger than
+/// the current block gets a block of its own size. A model's weight buffers of tens of MiB then
+/// leave gaps in the big blocks that stay reserved: on an H100 the synthetic 1B F16 took 2,880
+/// MiB of blocks for 2,250 MiB of buffers (1.28x), the 8B Q4_0 4,672 for 4,071. With 4 MiB
+/// blocks every buffer larger than that gets exactly its size and only small ones share
+/// blocks: 2,260 and 4,084 MiB. Measured in the same call (BENCHMARKS.md, seventeenth
+/// session): the 8B's decode step 2.63 -> 2.58 ms, its prefill unchanged, the 1B F16's prefill
+/// ~4% slower and decode 0.5% slower. `ANYGPU_MEMORY_BLOCKS=large` (read as a device opens) brings back the
+/// big blocks, for comparisons.
+fn memory_hints() -> wgpu::MemoryHints {
+    const BLOCK: u64 = 4 << 20;
+    match std::env::var("ANYGPU_MEMORY_BLOCKS").as_deref() {
+        Ok("large") => wgpu::MemoryHints::Performance,
+        _ => wgpu::MemoryHints::Manual { suballocated_device_memory_block_size: BLOCK..BLOCK },
+    }
+}
 
 /// A GPU allocation owned by a tensor; goes back to the pool when dropped.
 pub struct GpuBuffer {
@@ -326,7 +353,7 @@ impl GpuContext {
             } else {
                 wgpu::ExperimentalFeatures::disabled()
             },
-            memory_hints: wgpu::MemoryHints::Performance,
+            memory_hints: memory_hints(),
             trace: wgpu::Trace::Off,
         };
         // Some drivers panic inside device creation; a user must get a message instead.
@@ -525,7 +552,7 @@ impl GpuContext {
                 rec.note_upload(bytes);
                 let mut v = bytes.to_vec();
                 v.resize(bytes.len().next_multiple_of(4), 0);
-                self.queue.write_buffer(buf.buffer(), 0, &v);
+                self.queue_write(&mut pending, buf.buffer(), 0, &v);
                 return Ok(buf);
             }
         }
@@ -546,11 +573,11 @@ impl GpuContext {
         if pending.commands == 0 {
             // Nothing recorded yet: the queue's own staging is ordered correctly.
             if padded_len == bytes.len() as u64 {
-                self.queue.write_buffer(buf.buffer(), offset, bytes);
+                self.queue_write(&mut pending, buf.buffer(), offset, bytes);
             } else {
                 let mut v = bytes.to_vec();
                 v.resize(padded_len as usize, 0);
-                self.queue.write_buffer(buf.buffer(), offset, &v);
+                self.queue_write(&mut pending, buf.buffer(), offset, &v);
             }
         } else {
             let staging = self.filled_buffer("upload staging", wgpu::BufferUsages::COPY_SRC, bytes, 4)?;
@@ -761,6 +788,22 @@ impl GpuContext {
         pending.pass = None; // ends the open compute pass
         if let Some(enc) = pending.encoder.take() {
             self.queue.submit([enc.finish()]);
+        } else if pending.queued_write_bytes > 0 {
+            self.queue.submit([]); // runs the queued writes
+        }
+        pending.queued_write_bytes = 0;
+    }
+
+    /// `queue.write_buffer`, counted; past [`QUEUED_WRITES_MAX`] the writes are submitted and
+    /// waited for. Only where no command is recorded yet (which the writes would overtake).
+    fn queue_write(&self, pending: &mut Pending, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.queue.write_buffer(buf, offset, data);
+        pending.queued_write_bytes += data.len() as u64;
+        if pending.queued_write_bytes > QUEUED_WRITES_MAX && pending.encoder.is_none() {
+            self.queue.submit([]);
+            pending.queued_write_bytes = 0;
+            // An error here shows at the next check; the staging is then freed later.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
         }
     }
 

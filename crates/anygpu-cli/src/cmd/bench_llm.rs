@@ -75,11 +75,14 @@ fn cache_at_depth(model: &Llama, cap: usize, depth: usize) -> anygpu_core::Resul
     Ok(cache)
 }
 
-fn pp(model: &Llama, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
+/// Prefill speed over `n` tokens after the `depth` positions `cache` holds (rewound to them
+/// first, as llama-bench clears its context's cache between repetitions: a new cache each time
+/// would also time the first use of freshly allocated device memory).
+fn pp(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
     let ids = tokens(n, model.config.n_vocab, seed);
-    let mut cache = cache_at_depth(model, depth + n, depth)?;
+    cache.truncate(depth);
     let t0 = Instant::now();
-    anygpu_models::generate::prefill(model, &mut cache, &ids)?;
+    anygpu_models::generate::prefill(model, cache, &ids)?;
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
@@ -128,7 +131,8 @@ fn tg(model: &Llama, n: usize, depth: usize, ctx: usize, seed: u64) -> anygpu_co
 /// printed per op and grid on stderr.
 fn profile_prefill(model: &Llama, n: usize) -> anygpu_core::Result<()> {
     let Some(g) = model.device().gpu() else { return Ok(()) };
-    let ((), ops) = g.profile_dispatches(|| pp(model, n, 0, 0).map(|_| ()))?;
+    let mut cache = model.new_cache(n)?;
+    let ((), ops) = g.profile_dispatches(|| pp(model, &mut cache, n, 0, 0).map(|_| ()))?;
     print_profile(&format!("prefill of {n} tokens"), ops);
     Ok(())
 }
@@ -164,9 +168,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     // One untimed run of each compiles the pipelines and warms the pools (at the full prompt
     // length, as llama-bench's warm-up: the kernels' tile choices depend on the token count).
     if args.n_prompt > 0 {
-        pp(&lm.model, args.n_prompt, depth, 0)?;
+        let mut cache = cache_at_depth(&lm.model, depth + args.n_prompt, depth)?;
+        pp(&lm.model, &mut cache, args.n_prompt, depth, 0)?;
         let v = (0..reps)
-            .map(|r| pp(&lm.model, args.n_prompt, depth, r as u64 + 1))
+            .map(|r| pp(&lm.model, &mut cache, args.n_prompt, depth, r as u64 + 1))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         if std::env::var("ANYGPU_PROFILE_PREFILL").is_ok_and(|v| v == "1") {

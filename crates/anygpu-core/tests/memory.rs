@@ -26,13 +26,13 @@ fn weights_take_about_their_own_size() {
         for i in 1..=5u64 {
             weights.push(ctx.upload(&bytes).expect("upload"));
             let (alloc, _) = ctx.memory_use().expect("allocator figures");
-            let extra = mib(alloc - alloc0) - 104.0 * i as f64;
+            let extra = mib(alloc.saturating_sub(alloc0)) - 104.0 * i as f64;
             // Queued staging copies: at most 256 MiB before they are submitted, plus this one.
             assert!(extra <= 256.0 + 104.0, "{}: {extra:.0} MiB beside {i} weights while uploading", d.name());
         }
         d.sync().expect("sync");
         let (alloc1, reserved1) = ctx.memory_use().expect("allocator figures");
-        let (allocated, reserved) = (mib(alloc1 - alloc0), mib(reserved1 - reserved0));
+        let (allocated, reserved) = (mib(alloc1.saturating_sub(alloc0)), mib(reserved1.saturating_sub(reserved0)));
         eprintln!(
             "{}: 5 x 100 MiB uploaded: {allocated:.0} MiB allocated in {reserved:.0} MiB of new blocks",
             d.name()

@@ -241,10 +241,10 @@ const PARAMS_CAPACITY: u64 = 256 << 10;
 /// leave gaps in the big blocks that stay reserved: on an H100 the synthetic 1B F16 took 2,880
 /// MiB of blocks for 2,250 MiB of buffers (1.28x), the 8B Q4_0 4,672 for 4,071. With 4 MiB
 /// blocks every buffer larger than that gets exactly its size and only small ones share
-/// blocks: 2,260 and 4,084 MiB. Measured in the same call (BENCHMARKS.md, seventeenth
-/// session): the 8B's decode step 2.63 -> 2.58 ms, its prefill unchanged, the 1B F16's prefill
-/// ~4% slower and decode 0.5% slower. `ANYGPU_MEMORY_BLOCKS=large` (read as a device opens) brings back the
-/// big blocks, for comparisons.
+/// blocks: 2,260 and 4,084 MiB (SmolLM2: 320 -> 118). Measured beside the big blocks in one
+/// call (BENCHMARKS.md, seventeenth session): the 8B's decode step 2.64 -> 2.59 ms, the 1B
+/// F16's 1.122 -> 1.127, the prefills unchanged within the noise. `ANYGPU_MEMORY_BLOCKS=large`
+/// (read as a device opens) brings back the big blocks, for comparisons.
 fn memory_hints() -> wgpu::MemoryHints {
     const BLOCK: u64 = 4 << 20;
     match std::env::var("ANYGPU_MEMORY_BLOCKS").as_deref() {

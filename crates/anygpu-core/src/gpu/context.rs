@@ -137,6 +137,25 @@ pub struct GpuContext {
     /// Mappable buffers of earlier read-backs, kept for the next ones: creating one per read
     /// (host-visible memory) cost ~0.3 ms of a 98 KB read on the H100.
     readback: Mutex<Vec<wgpu::Buffer>>,
+    /// Live [`WeightLoading`] scopes (see there).
+    weight_loads: std::sync::atomic::AtomicUsize,
+}
+
+/// While one is alive (a model loading its weights, see [`GpuContext::loading_weights`]), every
+/// upload smaller than a memory block is submitted and waited for at once, so that its staging
+/// copy is freed before the next weight is allocated. Where staging and device-local buffers
+/// share one memory type (lavapipe; integrated GPUs whose first device-local type is also
+/// host-visible) the staging copies of small weights otherwise sat between them in the blocks
+/// and left holes when freed: SmolLM2 on lavapipe held 166 MiB of blocks for 98 MiB of buffers,
+/// 102 with this. Only while loading: a wait elsewhere could stall work in flight.
+pub struct WeightLoading {
+    ctx: Arc<GpuContext>,
+}
+
+impl Drop for WeightLoading {
+    fn drop(&mut self) {
+        self.ctx.weight_loads.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Read-back buffers kept for reuse, and the largest one kept.
@@ -246,12 +265,14 @@ const PARAMS_CAPACITY: u64 = 256 << 10;
 /// F16's 1.122 -> 1.127, the prefills unchanged within the noise. `ANYGPU_MEMORY_BLOCKS=large`
 /// (read as a device opens) brings back the big blocks, for comparisons.
 fn memory_hints() -> wgpu::MemoryHints {
-    const BLOCK: u64 = 4 << 20;
     match std::env::var("ANYGPU_MEMORY_BLOCKS").as_deref() {
         Ok("large") => wgpu::MemoryHints::Performance,
-        _ => wgpu::MemoryHints::Manual { suballocated_device_memory_block_size: BLOCK..BLOCK },
+        _ => wgpu::MemoryHints::Manual { suballocated_device_memory_block_size: MEMORY_BLOCK..MEMORY_BLOCK },
     }
 }
+
+/// The device memory blocks small buffers share (see `memory_hints`).
+const MEMORY_BLOCK: u64 = 4 << 20;
 
 /// A GPU allocation owned by a tensor; goes back to the pool when dropped.
 pub struct GpuBuffer {
@@ -404,7 +425,14 @@ impl GpuContext {
             record_turn: Mutex::new(()),
             recorded_drops: Mutex::new(Vec::new()),
             readback: Mutex::new(Vec::new()),
+            weight_loads: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// A scope in which this context's uploads are a model's weights (see [`WeightLoading`]).
+    pub fn loading_weights(self: &Arc<Self>) -> WeightLoading {
+        self.weight_loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        WeightLoading { ctx: self.clone() }
     }
 
     /// Fails if the device was lost or a wgpu error was raised since the last check.
@@ -794,12 +822,15 @@ impl GpuContext {
         pending.queued_write_bytes = 0;
     }
 
-    /// `queue.write_buffer`, counted; past [`QUEUED_WRITES_MAX`] the writes are submitted and
-    /// waited for. Only where no command is recorded yet (which the writes would overtake).
+    /// `queue.write_buffer`, counted; past [`QUEUED_WRITES_MAX`], or for a small weight (see
+    /// [`WeightLoading`]), the writes are submitted and waited for. Only where no command is
+    /// recorded yet (which the writes would overtake).
     fn queue_write(&self, pending: &mut Pending, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
         self.queue.write_buffer(buf, offset, data);
         pending.queued_write_bytes += data.len() as u64;
-        if pending.queued_write_bytes > QUEUED_WRITES_MAX && pending.encoder.is_none() {
+        let small_weight =
+            (data.len() as u64) < MEMORY_BLOCK && self.weight_loads.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        if (pending.queued_write_bytes > QUEUED_WRITES_MAX || small_weight) && pending.encoder.is_none() {
             self.queue.submit([]);
             pending.queued_write_bytes = 0;
             // An error here shows at the next check; the staging is then freed later.

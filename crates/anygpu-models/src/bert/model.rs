@@ -156,6 +156,7 @@ impl BertModel {
         weights: WeightDType,
     ) -> Result<BertModel> {
         let weight_dtype = weights.resolve(device);
+        let _loading = device.gpu().map(|g| g.loading_weights());
         let c = config.hidden_size;
         let f = config.intermediate_size;
         let prefix = if file.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };

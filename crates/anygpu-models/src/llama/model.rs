@@ -234,6 +234,7 @@ impl Llama {
     /// `progress(tensors_done, bytes_done)` is called after each tensor.
     pub fn load(file: &Arc<GgufFile>, device: &Device, progress: &mut dyn FnMut(usize, u64)) -> Result<Llama> {
         let config = LlamaConfig::from_gguf(file)?;
+        let _loading = device.gpu().map(|g| g.loading_weights());
         let shared: SharedBytes = Arc::new(MappedFile(file.clone()));
         let mut ld = Loader { file, shared, device, progress, done: 0, bytes: 0 };
         let token_embd = ld.matrix("token_embd.weight")?;

@@ -64,10 +64,18 @@ fn main() {
     }
     let gpu = Gpu::new();
     let (rows, cols, groups) = (n, n, n / 8);
+    let weight_bytes = 2 * (rows as u64) * (cols as u64) * (segments as u64);
+    if weight_bytes > gpu.max_binding {
+        fail(&format!(
+            "{segments} products of {n} x {n} F16 take {} MiB, more than this device binds at once ({} MiB): fewer SEGMENTS",
+            weight_bytes >> 20,
+            gpu.max_binding >> 20
+        ));
+    }
 
     // Weights in [-1, 1) from a small LCG, one N x N matrix per segment.
     let mut state = 12345u32;
-    let halves: Vec<u16> = (0..(rows * cols * segments) as usize)
+    let halves: Vec<u16> = (0..weight_bytes / 2)
         .map(|_| {
             state = state.wrapping_mul(1664525).wrapping_add(1013904223);
             f16_bits((state >> 8) as f32 / (1u32 << 23) as f32 - 1.0)
@@ -185,6 +193,8 @@ struct Gpu {
     device: wgpu::Device,
     queue: wgpu::Queue,
     name: String,
+    /// The largest storage binding (and buffer) this device was opened with, in bytes.
+    max_binding: u64,
     subgroups_of_32: bool,
     queries: wgpu::QuerySet,
     resolved: wgpu::Buffer,
@@ -213,7 +223,7 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             required_features: needed,
-            required_limits: limits,
+            required_limits: limits.clone(),
             ..Default::default()
         }))
         .unwrap_or_else(|e| fail(&format!("could not open the device: {e}")));
@@ -231,6 +241,7 @@ impl Gpu {
         let info = adapter.get_info();
         Gpu {
             name: format!("{} ({:?})", info.name, info.backend),
+            max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
             subgroups_of_32: info.subgroup_min_size >= 32,
             device,
             queue,

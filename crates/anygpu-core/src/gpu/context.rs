@@ -249,7 +249,7 @@ impl std::ops::DerefMut for PendingGuard<'_> {
 /// copies: a model's weights are uploaded through the queue before any other command, so
 /// without this every weight's staging copy stayed allocated until the first dispatch, twice
 /// the model in all (pinned host memory on a discrete GPU, the GPU's own on an integrated one).
-const QUEUED_WRITES_MAX: u64 = 256 << 20;
+pub const QUEUED_WRITES_MAX: u64 = 256 << 20;
 
 /// Bytes of params one batch can hold (slots are 256-byte aligned: 1024 dispatches).
 const PARAMS_CAPACITY: u64 = 256 << 10;

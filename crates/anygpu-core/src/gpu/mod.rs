@@ -6,6 +6,6 @@ pub mod pool;
 pub mod profile;
 pub mod replay;
 
-pub use context::{Bind, GpuBuffer, GpuContext, WeightLoading};
+pub use context::{Bind, GpuBuffer, GpuContext, WeightLoading, QUEUED_WRITES_MAX};
 pub use kernel::{Compiled, KernelSpec, Pipeline};
 pub use replay::{next_run_steps, Recording, Replay, ReplayTimes, Ticket, MAX_STEPS_PER_RUN};

@@ -469,6 +469,62 @@ fn q8_own_dispatch_for_large_plain_products() {
     }
 }
 
+/// The GPU's rounding to 8-bit blocks (round_q8.wgsl) against the CPU's (llama.cpp's
+/// quantize_row_q8_1): every block's d = max|x| / 127 and s = d * sum(q) are f16 values (the
+/// Q8 products' numerics: NVIDIA's driver once folded the f16 rounding away, leaving them f32)
+/// within one f16 step of the host's (WGSL's division need not be correctly rounded), and every
+/// byte within 1 of the host's. Blocks at scales across f16's range: ordinary, f16 subnormal
+/// scales (max|x| 1e-3 to 1e-6), all zeros, and large enough that s overflows f16 (inf).
+#[test]
+fn q8_rounding_scales_are_f16_values() {
+    use anygpu_core::quant::gpu::Q8Rows;
+    let _turn = one_at_a_time();
+    let scales = [1.0f32, 3.7, 1e-3, 2e-5, 1e-6, 0.0, 50.0, 3e5];
+    let (n, cols) = (3usize, 32 * 2 * scales.len());
+    let mut x = rand_vec(330, n * cols);
+    for (b, block) in x.chunks_mut(32).enumerate() {
+        let scale = scales[(b / 2) % scales.len()];
+        block.iter_mut().for_each(|v| *v *= scale);
+    }
+    let f16_step = |v: f32| {
+        let h = f16::from_f32(v.abs());
+        (f16::from_bits(h.to_bits() + 1).to_f32() - h.to_f32())
+            .max(h.to_f32() - f16::from_bits(h.to_bits().max(1) - 1).to_f32())
+    };
+    for d in gpu_devices() {
+        let words = Q8Rows::round(&Tensor::from_vec(x.clone(), [n, cols], &Device::Cpu).unwrap().to_device(d).unwrap())
+            .and_then(|r| r.words().to_vec::<u32>())
+            .unwrap_or_else(|e| panic!("rounding on {}: {e}", d.name()));
+        let (bytes, ds) = words.split_at(n * cols / 4);
+        for (b, block) in x.chunks(32).enumerate() {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let want_q: Vec<i32> =
+                block.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
+            let want_d = f16::from_f32(amax / 127.0).to_f32();
+            let want_s = f16::from_f32(amax / 127.0 * want_q.iter().sum::<i32>() as f32).to_f32();
+            let got_q: Vec<i32> =
+                bytes[b * 8..b * 8 + 8].iter().flat_map(|w| w.to_le_bytes()).map(|q| q as i8 as i32).collect();
+            let (got_d, got_s) = (f32::from_bits(ds[2 * b]), f32::from_bits(ds[2 * b + 1]));
+            let at = format!("block {b} (max|x| {amax:e}) on {}", d.name());
+            for (what, got, want) in [("d", got_d, want_d), ("s", got_s, want_s)] {
+                assert_eq!(
+                    f16::from_f32(got).to_f32().to_bits(),
+                    got.to_bits(),
+                    "{at}: {what} = {got:e} is not an f16 value"
+                );
+                assert!(
+                    got == want || (got - want).abs() <= f16_step(want),
+                    "{at}: {what} = {got:e}, the host's {want:e}"
+                );
+            }
+            for (i, (g, w)) in got_q.iter().zip(&want_q).enumerate() {
+                assert!((g - w).abs() <= 1, "{at}: byte {i} = {g}, the host's {w}");
+            }
+        }
+    }
+}
+
 /// x rounded as the GPU's quantize_q8.wgsl rounds it (32-element blocks, d = max|x| / 127
 /// through f16, round half to even), back in f32, with each block's d.
 fn q8_blocks_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {

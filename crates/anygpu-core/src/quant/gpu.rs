@@ -1517,6 +1517,22 @@ pub struct Q8Rows {
 }
 
 impl Q8Rows {
+    /// x [n, cols] (f32, contiguous, cols a multiple of 32) rounded by the rounding dispatch
+    /// the Q8 products use (quantize_q8.wgsl): for tests, which read the words back and check
+    /// them against the CPU's rounding.
+    #[doc(hidden)]
+    pub fn round(x: &Tensor) -> Result<Q8Rows> {
+        const OP: &str = "quantize_q8";
+        let ctx = x.device().gpu().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
+        let (n, cols) = match x.dims() {
+            &[n, cols] if cols % 32 == 0 => (n, cols),
+            d => return Err(Error::shape(OP, format!("x {d:?} is not [n, cols] with cols a multiple of 32"))),
+        };
+        let x = x.contiguous()?;
+        let (buf, words) = quantize_x_q8(ctx, &x, n, cols, None)?;
+        let q = Tensor::gpu(buf, DType::U32, vec![words].into(), x.device().clone());
+        Ok(Q8Rows { x, q, norm_weight: None })
+    }
     /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
     pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
         let q = Q8Rows::words_for(x.numel(), x.device())?;
@@ -1526,17 +1542,21 @@ impl Q8Rows {
     pub(crate) fn words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
         Tensor::gpu_empty(vec![Q8Rows::word_count(numel)], DType::U32, device)
     }
-    /// Words of the rounding of `numel` elements: bytes, then (d, s) pairs.
+    /// Words of the rounding of `numel` elements: bytes, then (d, s) pairs, rounded up to whole
+    /// 16-byte vec4s: the products read the pairs 16 bytes at a time, and with an odd number of
+    /// blocks the last pair sits in the first half of a vec4 that would otherwise end past the
+    /// binding (read as zeros on NVIDIA: that block dropped from every product).
     pub(crate) fn word_count(numel: usize) -> usize {
-        numel / 4 + numel / 16
+        (numel / 4 + numel / 16).next_multiple_of(4)
     }
     /// The (unwritten) words of a normed rounding of `numel` elements on `device`.
     pub(crate) fn normed_words_for(numel: usize, device: &crate::device::Device) -> Result<Tensor> {
         Tensor::gpu_empty(vec![Q8Rows::normed_word_count(numel)], DType::U32, device)
     }
-    /// Words of a normed rounding of `numel` elements: bytes, (d, s) pairs, sums of squares.
+    /// Words of a normed rounding of `numel` elements: bytes, (d, s) pairs, sums of squares
+    /// (whole vec4s, as [`Q8Rows::word_count`]).
     pub(crate) fn normed_word_count(numel: usize) -> usize {
-        Q8Rows::word_count(numel) + numel / 32
+        (numel / 4 + numel / 16 + numel / 32).next_multiple_of(4)
     }
     /// x, f32 [n, cols].
     pub fn x(&self) -> &Tensor {
@@ -1982,4 +2002,28 @@ fn gather_rows_from(w: &QTensor, idbuf: &GpuBuffer, n_ids: usize, opts: QOptions
         ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(u(n_ids)?))?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Q8Rows;
+
+    /// The Q8 products read the (d, s) pairs 16 bytes at a time, so the rounded words must be
+    /// whole vec4s even for an odd number of blocks (1 x 96: three blocks, 30 words of data),
+    /// where a device that reads past a binding as zeros (NVIDIA) dropped the last block. The
+    /// H100 run of q8_matvec_matches_cpu_q8 is the end-to-end check; lavapipe reads the pool
+    /// buffer's bytes past the binding and cannot show it.
+    #[test]
+    fn q8_words_are_whole_vec4s() {
+        for blocks in [1usize, 3, 7, 128, 449] {
+            let numel = 32 * blocks;
+            let data = numel / 4 + numel / 16;
+            for (count, used) in
+                [(Q8Rows::word_count(numel), data), (Q8Rows::normed_word_count(numel), data + numel / 32)]
+            {
+                assert_eq!(count % 4, 0, "{blocks} blocks: {count} words");
+                assert!(count >= used && count < used + 4, "{blocks} blocks: {count} words for {used}");
+            }
+        }
+    }
 }

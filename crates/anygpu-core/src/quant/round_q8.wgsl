@@ -1,7 +1,8 @@
 // Rounding to 8-bit blocks of 32 in the layout the Q8 matvec reads (matvec_q8.wgsl): an x
 // row's bytes, four to a word in order, then the blocks' (d, s) as f32 bits, with
-// d = max|x| / 127 and s = d * sum(q) rounded through f16, q = round_half_even(x * 127 /
-// max|x|): the CPU's Q8 path (q8.rs) and llama.cpp's quantize_row_q8_1. Shared by
+// d = max|x| / 127 and s = d * sum(q) rounded to f16 values (`f16_round`),
+// q = round_half_even(x * 127 / max|x|): the CPU's Q8 path (q8.rs) and llama.cpp's
+// quantize_row_q8_1. Shared by
 // quantize_q8.wgsl and by the kernels that also write their output rounded for the next
 // product (the decode attention and its split merge: ops/attention.rs, `Tensor::attention_q8`).
 // Needs a binding `xq: array<u32>` (read_write).
@@ -19,10 +20,22 @@ fn q8_store(q: vec4<i32>, amax: f32, sum: f32, word: u32, ds_word: u32, first: b
     xq[word] = pack4xI8(q);
     if (first) {
         let d = amax / 127.0;
-        let ds = unpack2x16float(pack2x16float(vec2<f32>(d, d * sum)));
-        xq[ds_word] = bitcast<u32>(ds.x);
-        xq[ds_word + 1u] = bitcast<u32>(ds.y);
+        xq[ds_word] = bitcast<u32>(f16_round(d));
+        xq[ds_word + 1u] = bitcast<u32>(f16_round(d * sum));
     }
+}
+
+// x rounded to the nearest f16 value (ties to even), as an f32: round() of x scaled to units of
+// the f16 step at x's binade, 2^(e - 10) with e >= -14 (so f16's subnormals keep their 2^-24
+// steps); both scalings are by powers of two, so exact. Past f16's largest finite (65504):
+// inf. Written out rather than as unpack2x16float(pack2x16float(x)), which NVIDIA's driver
+// folds into x (BENCHMARKS.md, eighteenth session), leaving the scales unrounded there.
+fn f16_round(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let e = i32((bits >> 23u) & 0xFFu) - 127;
+    let step = max(e, -14) - 10;
+    let r = round(x * bitcast<f32>(u32(127 - step) << 23u)) * bitcast<f32>(u32(127 + step) << 23u);
+    return select(r, bitcast<f32>((bits & 0x80000000u) | 0x7F800000u), abs(r) > 65504.0);
 }
 
 // Rounds and stores this invocation's four consecutive elements v of an x row (at word `word`;

@@ -472,8 +472,8 @@ fn q8_own_dispatch_for_large_plain_products() {
 /// The GPU's rounding to 8-bit blocks (round_q8.wgsl) against the CPU's (llama.cpp's
 /// quantize_row_q8_1): every block's d = max|x| / 127 and s = d * sum(q) are f16 values (the
 /// Q8 products' numerics: NVIDIA's driver once folded the f16 rounding away, leaving them f32)
-/// within one f16 step of the host's (WGSL's division need not be correctly rounded), and every
-/// byte within 1 of the host's. Blocks at scales across f16's range: ordinary, f16 subnormal
+/// within one f16 step of the host's (WGSL's division need not be correctly rounded), every
+/// byte within 1 of the host's, and the sum(q) carried in d's low bits that of the bytes. Blocks at scales across f16's range: ordinary, f16 subnormal
 /// scales (max|x| 1e-3 to 1e-6), all zeros, and large enough that s overflows f16 (inf).
 #[test]
 fn q8_rounding_scales_are_f16_values() {
@@ -505,7 +505,10 @@ fn q8_rounding_scales_are_f16_values() {
             let want_s = f16::from_f32(amax / 127.0 * want_q.iter().sum::<i32>() as f32).to_f32();
             let got_q: Vec<i32> =
                 bytes[b * 8..b * 8 + 8].iter().flat_map(|w| w.to_le_bytes()).map(|q| q as i8 as i32).collect();
-            let (got_d, got_s) = (f32::from_bits(ds[2 * b]), f32::from_bits(ds[2 * b + 1]));
+            // d's word carries sum(q) in its low 13 bits (the Q4_0 product's offset term).
+            let (got_d, got_s) = (f32::from_bits(ds[2 * b] & !0x1FFF), f32::from_bits(ds[2 * b + 1]));
+            let got_sum = ((ds[2 * b] << 19) as i32) >> 19;
+            assert_eq!(got_sum, got_q.iter().sum::<i32>(), "block {b} on {}: sum(q) in d's word", d.name());
             let at = format!("block {b} (max|x| {amax:e}) on {}", d.name());
             for (what, got, want) in [("d", got_d, want_d), ("s", got_s, want_s)] {
                 assert_eq!(

@@ -18,7 +18,8 @@
 //
 // x row's words: xq4 holds the row's bytes from word xb, block b's at words xb + 8b .. + 8 (so
 // x word i holds weights 4i..4i + 4 of the row), and the blocks' (d, s) pairs, s = d * sum(q),
-// at `x_block_ds`. Sections per type, as in matvec.wgsl.
+// at `x_block_ds` (sum(q) itself in the low bits of d's word: `x_block`). Sections per type, as
+// in matvec.wgsl.
 
 // @@ q4_0
 // Q4_0 unit = a whole block b (`matvec_units`: cols / 32 per row), unlike the f32-x kernel's
@@ -40,9 +41,12 @@ fn mv_q4_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let q = select(a, (prev >> vec4<u32>(16u)) | (a << vec4<u32>(16u)), vec4<bool>(at_word));
     let xw = xb + 8u * b;
     let m = vec4<u32>(0x0F0F0F0Fu);
-    let c = vec4<u32>(0x08080808u);
-    let s = dot16(bytes_minus4(q & m, c), x_words4(xw)) + dot16(bytes_minus4((q >> vec4<u32>(4u)) & m, c), x_words4(xw + 4u));
-    return d * x_block_ds(xb, b).x * f32(s);
+    // The nibbles as they are (0..15, read the same as signed bytes) and the offset of 8 taken
+    // out once, with x's sum(q): sum((q - 8) x) = sum(q x) - 8 sum(x), exactly, in integers
+    // (24 fewer operations a block than 8 taken from every byte first).
+    let s = dot16(q & m, x_words4(xw)) + dot16((q >> vec4<u32>(4u)) & m, x_words4(xw + 4u));
+    let xd = x_block(xb, b);
+    return d * xd.d * f32(s - 8 * xd.sum);
 }
 
 // @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
@@ -51,9 +55,24 @@ fn mv_q4_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
 // words of (d, s) pairs from xd_off, so the pairs' row offset is a quarter of the bytes', and
 // pairs start at even words).
 fn x_block_ds(xb: u32, b: u32) -> vec2<f32> {
+    let v = x_block_words(xb, b);
+    return vec2<f32>(bitcast<f32>(v.x & 0xFFFFE000u), bitcast<f32>(v.y));
+}
+fn x_block_words(xb: u32, b: u32) -> vec2<u32> {
     let di = p.xd_off + ((xb - p.x_off) >> 2u) + 2u * b;
     let v = xq4[di >> 2u];
-    return bitcast<vec2<f32>>(select(v.xy, v.zw, (di & 2u) != 0u));
+    return select(v.xy, v.zw, (di & 2u) != 0u);
+}
+
+// @@ q4_0
+// Block b's d and sum(q), the sum from the low 13 bits of d's word (round_q8.wgsl, `q8_store`).
+struct XBlock {
+    d: f32,
+    sum: i32,
+}
+fn x_block(xb: u32, b: u32) -> XBlock {
+    let w = x_block_words(xb, b).x;
+    return XBlock(bitcast<f32>(w & 0xFFFFE000u), bitcast<i32>(w << 19u) >> 19u);
 }
 
 // @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k
@@ -247,7 +266,7 @@ fn words4_at(o: u32) -> vec4<u32> {
     return select(a, (a >> vec4<u32>(16u)) | (next << vec4<u32>(16u)), vec4<bool>((o & 2u) != 0u));
 }
 
-// @@ q4_0 q5_0 q5_1 q6k
+// @@ q5_0 q5_1 q6k
 // The bytes of v minus m's (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7
 // set first keeps the subtraction from borrowing across bytes, the XOR clears it again.
 fn bytes_minus4(v: vec4<u32>, m: vec4<u32>) -> vec4<u32> {

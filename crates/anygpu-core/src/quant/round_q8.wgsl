@@ -2,7 +2,7 @@
 // row's bytes, four to a word in order, then the blocks' (d, s) as f32 bits, with
 // d = max|x| / 127 and s = d * sum(q) rounded to f16 values (`f16_round`),
 // q = round_half_even(x * 127 / max|x|): the CPU's Q8 path (q8.rs) and llama.cpp's
-// quantize_row_q8_1. Shared by
+// quantize_row_q8_1; sum(q) itself in d's low bits (`q8_store`). Shared by
 // quantize_q8.wgsl and by the kernels that also write their output rounded for the next
 // product (the decode attention and its split merge: ops/attention.rs, `Tensor::attention_q8`).
 // Needs a binding `xq: array<u32>` (read_write).
@@ -15,12 +15,15 @@ fn q8_round(v: vec4<f32>, amax: f32) -> vec4<i32> {
 }
 
 // Stores four rounded elements q at word `word`, and from the block's first invocation (`first`)
-// the block's (d, s) at words ds_word, ds_word + 1 (sum: the block's sum of q).
+// the block's (d, s) at words ds_word, ds_word + 1 (sum: the block's sum of q). d is an f16
+// value, so the low 13 bits of its f32 word are zero: they carry sum(q) (-4064..4064, two's
+// complement), which the Q4_0 product needs exactly (matvec_q8.wgsl, `x_block`); readers mask
+// them off d.
 fn q8_store(q: vec4<i32>, amax: f32, sum: f32, word: u32, ds_word: u32, first: bool) {
     xq[word] = pack4xI8(q);
     if (first) {
         let d = amax / 127.0;
-        xq[ds_word] = bitcast<u32>(f16_round(d));
+        xq[ds_word] = bitcast<u32>(f16_round(d)) | (bitcast<u32>(i32(sum)) & 0x1FFFu);
         xq[ds_word + 1u] = bitcast<u32>(f16_round(d * sum));
     }
 }

@@ -473,8 +473,9 @@ fn q8_own_dispatch_for_large_plain_products() {
 /// quantize_row_q8_1): every block's d = max|x| / 127 and s = d * sum(q) are f16 values (the
 /// Q8 products' numerics: NVIDIA's driver once folded the f16 rounding away, leaving them f32)
 /// within one f16 step of the host's (WGSL's division need not be correctly rounded), every
-/// byte within 1 of the host's, and the sum(q) carried in d's low bits that of the bytes. Blocks at scales across f16's range: ordinary, f16 subnormal
-/// scales (max|x| 1e-3 to 1e-6), all zeros, and large enough that s overflows f16 (inf).
+/// byte within 1 of the host's, and the sum(q) carried in d's low bits that of the bytes.
+/// Blocks at scales across f16's range: ordinary, f16 subnormal scales (max|x| 1e-3 to 1e-6),
+/// all zeros, and large enough that s overflows f16 (inf).
 #[test]
 fn q8_rounding_scales_are_f16_values() {
     use anygpu_core::quant::gpu::Q8Rows;

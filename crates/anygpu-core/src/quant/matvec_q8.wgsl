@@ -64,8 +64,9 @@ fn x_block_words(xb: u32, b: u32) -> vec2<u32> {
     return select(v.xy, v.zw, (di & 2u) != 0u);
 }
 
-// @@ q4_0
-// Block b's d and sum(q), the sum from the low 13 bits of d's word (round_q8.wgsl, `q8_store`).
+// @@ q4_0 q5_0
+// Block b's d and sum(q), the sum from the low 13 bits of d's word (round_q8.wgsl, `q8_store`):
+// for the types whose offset (Q4_0's 8, Q5_0's 16) is taken out after the products.
 struct XBlock {
     d: f32,
     sum: i32,
@@ -103,15 +104,14 @@ fn mv_q4_1_q8(rb: u32, b: u32, xb: u32) -> f32 {
 }
 
 // @@ q5_0 q5_1
-// The 5-bit values of a Q5_0 / Q5_1 block's four quant words q (high bits qh), a byte each, as
-// signed bytes minus `bias`: the low nibbles' (weights 0..16, x words 0..4) and the high
-// nibbles' (16..32, x words 4..8).
-fn q5_block(q: vec4<u32>, qh: u32, bias: u32) -> array<vec4<u32>, 2> {
+// The 5-bit values (0..31, read the same as signed bytes) of a Q5_0 / Q5_1 block's four quant
+// words q (high bits qh), a byte each: the low nibbles' (weights 0..16, x words 0..4) and the
+// high nibbles' (16..32, x words 4..8). Q5_0's offset of 16 is taken out after the products.
+fn q5_block(q: vec4<u32>, qh: u32) -> array<vec4<u32>, 2> {
     let m = vec4<u32>(0x0F0F0F0Fu);
     let hl = vec4<u32>(spread4(qh), spread4(qh >> 4u), spread4(qh >> 8u), spread4(qh >> 12u));
     let hh = vec4<u32>(spread4(qh >> 16u), spread4(qh >> 20u), spread4(qh >> 24u), spread4(qh >> 28u));
-    let c = vec4<u32>(bias);
-    return array<vec4<u32>, 2>(bytes_minus4((q & m) | hl, c), bytes_minus4(((q >> vec4<u32>(4u)) & m) | hh, c));
+    return array<vec4<u32>, 2>((q & m) | hl, ((q >> vec4<u32>(4u)) & m) | hh);
 }
 
 // @@ q5_0
@@ -119,10 +119,11 @@ fn q5_block(q: vec4<u32>, qh: u32, bias: u32) -> array<vec4<u32>, 2> {
 // words4_at), as Q4_0's.
 fn mv_q5_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let off = rb + b * 22u;
-    let v = q5_block(words4_at(off + 6u), u32_at(off + 2u), 0x10101010u);
+    let v = q5_block(words4_at(off + 6u), u32_at(off + 2u));
     let xw = xb + 8u * b;
     let s = dot16(v[0], x_words4(xw)) + dot16(v[1], x_words4(xw + 4u));
-    return f16_at(off) * x_block_ds(xb, b).x * f32(s);
+    let xd = x_block(xb, b);
+    return f16_at(off) * xd.d * f32(s - 16 * xd.sum);
 }
 
 // @@ q5_1
@@ -130,7 +131,7 @@ fn mv_q5_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
 fn mv_q5_1_q8(rb: u32, b: u32, xb: u32) -> f32 {
     let i = (rb + b * 24u) >> 2u;
     let dm = unpack2x16float(w[i]);
-    let v = q5_block(vec4<u32>(w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u]), w[i + 1u], 0u);
+    let v = q5_block(vec4<u32>(w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u]), w[i + 1u]);
     let xw = xb + 8u * b;
     let s = dot16(v[0], x_words4(xw)) + dot16(v[1], x_words4(xw + 4u));
     let ds = x_block_ds(xb, b);
@@ -266,7 +267,7 @@ fn words4_at(o: u32) -> vec4<u32> {
     return select(a, (a >> vec4<u32>(16u)) | (next << vec4<u32>(16u)), vec4<bool>((o & 2u) != 0u));
 }
 
-// @@ q5_0 q5_1 q6k
+// @@ q6k
 // The bytes of v minus m's (m <= v's bytes' bias, each byte of v < 128), as signed bytes: bit 7
 // set first keeps the subtraction from borrowing across bytes, the XOR clears it again.
 fn bytes_minus4(v: vec4<u32>, m: vec4<u32>) -> vec4<u32> {

@@ -498,12 +498,8 @@ fn q8_rounding_scales_are_f16_values() {
             .unwrap_or_else(|e| panic!("rounding on {}: {e}", d.name()));
         let (bytes, ds) = words.split_at(n * cols / 4);
         for (b, block) in x.chunks(32).enumerate() {
+            let (want_q, want_d, want_s) = q8_block_host(block);
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let want_q: Vec<i32> =
-                block.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
-            let want_d = f16::from_f32(amax / 127.0).to_f32();
-            let want_s = f16::from_f32(amax / 127.0 * want_q.iter().sum::<i32>() as f32).to_f32();
             let got_q: Vec<i32> =
                 bytes[b * 8..b * 8 + 8].iter().flat_map(|w| w.to_le_bytes()).map(|q| q as i8 as i32).collect();
             // d's word carries sum(q) in its low 13 bits (the Q4_0 product's offset term).
@@ -529,16 +525,25 @@ fn q8_rounding_scales_are_f16_values() {
     }
 }
 
-/// x rounded as the GPU's quantize_q8.wgsl rounds it (32-element blocks, d = max|x| / 127
-/// through f16, round half to even), back in f32, with each block's d.
+/// One 32-element block rounded as the GPU's quantize_q8.wgsl rounds it (llama.cpp's
+/// quantize_row_q8_1): q = round half to even of x * 127 / max|x|, and d = max|x| / 127 and
+/// s = d * sum(q) as f16 values.
+fn q8_block_host(b: &[f32]) -> (Vec<i32>, f32, f32) {
+    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let q: Vec<i32> = b.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
+    let s = amax / 127.0 * q.iter().sum::<i32>() as f32;
+    (q, f16::from_f32(amax / 127.0).to_f32(), f16::from_f32(s).to_f32())
+}
+
+/// x rounded as the GPU's quantize_q8.wgsl rounds it ([`q8_block_host`]), back in f32, with
+/// each block's d.
 fn q8_blocks_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let mut out = Vec::with_capacity(x.len());
     let mut ds = Vec::new();
     for b in x.chunks(32) {
-        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let d = f16::from_f32(amax / 127.0).to_f32();
-        out.extend(b.iter().map(|v| d * (v * id).round_ties_even().clamp(-127.0, 127.0)));
+        let (q, d, _) = q8_block_host(b);
+        out.extend(q.iter().map(|&q| d * q as f32));
         ds.push(d);
     }
     (out, ds)

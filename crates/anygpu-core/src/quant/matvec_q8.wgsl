@@ -56,7 +56,11 @@ fn mv_q4_0_q8(rb: u32, b: u32, xb: u32) -> f32 {
 // pairs start at even words).
 fn x_block_ds(xb: u32, b: u32) -> vec2<f32> {
     let v = x_block_words(xb, b);
-    return vec2<f32>(bitcast<f32>(v.x & 0xFFFFE000u), bitcast<f32>(v.y));
+    return vec2<f32>(d_of(v.x), bitcast<f32>(v.y));
+}
+// d from its word: the low 13 bits carry sum(q) (round_q8.wgsl, `q8_store`).
+fn d_of(word: u32) -> f32 {
+    return bitcast<f32>(word & 0xFFFFE000u);
 }
 fn x_block_words(xb: u32, b: u32) -> vec2<u32> {
     let di = p.xd_off + ((xb - p.x_off) >> 2u) + 2u * b;
@@ -73,7 +77,7 @@ struct XBlock {
 }
 fn x_block(xb: u32, b: u32) -> XBlock {
     let w = x_block_words(xb, b).x;
-    return XBlock(bitcast<f32>(w & 0xFFFFE000u), bitcast<i32>(w << 19u) >> 19u);
+    return XBlock(d_of(w), bitcast<i32>(w << 19u) >> 19u);
 }
 
 // @@ q4_0 q4_1 q5_0 q5_1 q8_0 q4k q5k q6k

@@ -113,7 +113,7 @@ fn dump_kernel(name: &str, entry: &str, source: &str) {
 
 /// `ANYGPU_TRACE_PIPELINES=1`: each kernel's compile time on stderr (a slow first run is
 /// mostly the driver compiling kernels; its shader cache makes later runs faster).
-fn trace_pipelines() -> bool {
+pub(super) fn trace_pipelines() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("ANYGPU_TRACE_PIPELINES").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
@@ -490,9 +490,9 @@ impl GpuContext {
             return Ok(pipeline);
         }
         let worker = pipeline.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("anygpu-compile-{}", spec.name))
-            .spawn(move || worker.finish(compile()));
+        let spawned = super::compile_threads::spawn(format!("anygpu-compile-{}", spec.name), move || {
+            worker.finish(compile());
+        });
         if let Err(e) = spawned {
             pipeline.finish(Err(format!("could not start a compiler thread: {e}")));
         }

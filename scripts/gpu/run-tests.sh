@@ -6,6 +6,8 @@
 #
 #   bash scripts/gpu/run-tests.sh [ARGS...]       # ARGS go to every test binary (e.g. --skip NAME)
 #
+# ANYGPU_TEST_TIMEOUT: seconds one test binary may take (default 240; the slowest on the H100,
+# parity_qmatmul, takes ~70). ANYGPU_TEST_STASH: where the parts are kept (/tmp/anygpu-tests).
 # Exit 0: every binary passed; 1: some failed (their output is printed); 3: parts still missing
 # (nothing run). The Vulkan loader and driver must be set up first (see run_benchmarks.sh).
 set -uo pipefail
@@ -66,12 +68,15 @@ fi
 ./target/release/anygpu devices 2>&1 | head -20
 
 export ANYGPU_REQUIRE_GPU=1
+per_binary=${ANYGPU_TEST_TIMEOUT:-240}
 failed=()
 while read -r name pkg; do
     log="$STASH/$name.log"
-    (cd "$pkg" && "$root/bin/$name" "$@") >"$log" 2>&1
+    # A hung binary must not take the whole call (the H100 machine's: 10 minutes) with it.
+    (cd "$pkg" && timeout -k 10 "$per_binary" "$root/bin/$name" "$@") </dev/null >"$log" 2>&1
     rc=$?
     summary=$(grep -E '^test result:' "$log" | tail -1)
+    [ $rc -eq 124 ] && summary="TIMED OUT after ${per_binary} s; $summary"
     printf '%-26s exit %3d  %s\n' "$name" "$rc" "${summary:-(no test result line)}"
     if [ $rc -ne 0 ]; then
         failed+=("$name")

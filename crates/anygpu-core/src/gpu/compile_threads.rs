@@ -29,22 +29,27 @@ pub(crate) fn spawn(name: String, job: impl FnOnce() + Send + 'static) -> std::i
     HOOK.call_once(register_exit_wait);
     *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let _count = Counted;
         // `job` is consumed by the call: what it captured (a wgpu device among it, whose last
-        // drop goes into the driver) is dropped before the count goes down.
+        // drop goes into the driver) is dropped inside it, before `_count`, also if it panics.
         job();
-        ended();
     });
     if spawned.is_err() {
-        ended();
+        drop(Counted);
     }
     spawned.map(|_| ())
 }
 
-fn ended() {
-    let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    *running -= 1;
-    if *running == 0 {
-        ENDED.notify_all();
+/// One running compiler thread: dropping it counts the thread as ended.
+struct Counted;
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        *running -= 1;
+        if *running == 0 {
+            ENDED.notify_all();
+        }
     }
 }
 
@@ -121,5 +126,11 @@ mod tests {
         assert!(!wait_for_compiles(Duration::from_millis(1)), "the job is still running");
         assert!(wait_for_compiles(Duration::from_secs(20)));
         assert!(dropped.load(Ordering::SeqCst), "the count went down before the job's captures were dropped");
+    }
+
+    #[test]
+    fn a_job_that_panics_still_ends() {
+        spawn("compile-threads-panic-test".into(), || panic!("a compiler thread's panic (expected)")).expect("spawn");
+        assert!(wait_for_compiles(Duration::from_secs(20)), "a panicking job was never counted as ended");
     }
 }

@@ -3,14 +3,15 @@
 //!
 //! A kernel is compiled on a thread of its own and nobody waits for it unless a dispatch needs
 //! it, so a program can finish while a compile it will never use is still running (or, we
-//! suppose, while the thread drops the last handle of the device). When the process then exits, the driver's
-//! exit handlers tear the driver down under that thread. On the H100 machine (NVIDIA 580,
-//! Vulkan; BENCHMARKS.md, twentieth session) 25 of 2,150 short `generate` runs ended so, in a
-//! segmentation fault in an `anygpu-compile-*` thread inside `libnvidia-eglcore.so` after
-//! everything was printed; 10 of 1,000 still did with the Vulkan instance never destroyed. So
-//! the first compile registers an exit handler (registered after the driver was loaded, it runs
-//! before the driver's) that waits for the compiler threads still running: none of 2,200 runs
-//! crashed with it, and 13 of 1,600 traced ones waited (52-490 ms) for one compile.
+//! suppose, while the thread drops the last handle of the device). When the process then
+//! exits, the driver's exit handlers tear the driver down under that thread. On the H100
+//! machine (NVIDIA 580, Vulkan; BENCHMARKS.md, twentieth session) 25 of 2,150 short `generate`
+//! runs ended so, in a segmentation fault in an `anygpu-compile-*` thread inside
+//! `libnvidia-eglcore.so` after everything was printed; 10 of 1,000 still did with the Vulkan
+//! instance never destroyed. So the first compile registers an exit handler (registered after
+//! the driver was loaded, it runs before the driver's) that waits for the compiler threads
+//! still running: none of 2,200 runs crashed with it, and 13 of 1,600 traced ones waited
+//! (52-490 ms) for one compile.
 
 use std::sync::{Condvar, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -67,7 +68,7 @@ pub fn wait_for_compiles(timeout: Duration) -> bool {
     true
 }
 
-/// Compiler threads running now (tests).
+/// Compiler threads running now.
 pub fn compiles_running() -> usize {
     *RUNNING.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -135,3 +135,30 @@ fn two_threads_compiling_the_same_kernels_do_not_deadlock() {
         }
     }
 }
+
+/// Asking how an attention call would run (its key splits, whether it takes the decode kernel)
+/// compiles nothing; running it does. The decode step asks before it records its attention, and
+/// the kernel that the question compiled and nothing ran was a compile still running at exit
+/// (BENCHMARKS.md, twentieth session).
+#[test]
+fn asking_how_an_attention_would_run_compiles_nothing() {
+    use anygpu_core::ops::attention::{gpu_attention_partial_splits, takes_decode_kernel, AttentionOpts};
+    let _turn = one_at_a_time();
+    let t = |dims: &[usize], d: &Device| {
+        let n: usize = dims.iter().product();
+        Tensor::from_vec((0..n).map(|i| (i % 7) as f32 * 0.1).collect(), dims, d).expect("upload")
+    };
+    for d in anygpu_core::testing::gpu_devices() {
+        let ctx = d.gpu().expect("a GPU device");
+        let q = t(&[1, 8, 1, 64], d);
+        let k = t(&[1, 2, 160, 64], d).narrow(2, 0, 37).expect("view");
+        let v = t(&[1, 2, 160, 64], d).narrow(2, 0, 37).expect("view");
+        let opts = AttentionOpts::new(64, true);
+        let before = ctx.pipelines_compiled();
+        takes_decode_kernel(&q, &k, &v, &opts).expect("plan");
+        gpu_attention_partial_splits(&q, &k, &v, &opts).expect("plan");
+        assert_eq!(ctx.pipelines_compiled(), before, "{}: planning compiled a kernel", d.name());
+        q.attention(&k, &v, &opts).and_then(|o| o.to_vec_f32()).expect("attention");
+        assert!(ctx.pipelines_compiled() > before, "{}: the attention compiled no kernel", d.name());
+    }
+}

@@ -902,7 +902,8 @@ pub fn takes_decode_kernel(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionO
     if q.device().gpu().is_none() {
         return Ok(false);
     }
-    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch, false)?.is_some_and(|p| p.decode))
+    Ok(plan(q, k, v, opts, AttentionTuning::default(), Merge::Dispatch, false)?
+        .is_some_and(|p| matches!(p.kernel, Kernel::Decode(_))))
 }
 
 /// What one attention call dispatches: its kernel, grid, params and key splits.
@@ -910,14 +911,25 @@ struct Plan {
     ctx: Arc<GpuContext>,
     s: Dims,
     params: Params,
-    pipeline: Pipeline,
+    kernel: Kernel,
     n_wg: u32,
     splits: usize,
     /// The kernel also rounds the output rows to 8-bit blocks (its ROUND_Q8 variant: one
     /// split, asked for by `gpu_attention_q8`).
     rounds: bool,
-    /// The kernel is the decode one (attention_decode.rs), not the flash one.
-    decode: bool,
+}
+
+/// The kernel a plan runs, whose pipeline is fetched (compiled on first use) only when the plan
+/// dispatches: a caller that only asks how a call would be split or which kernel it takes
+/// compiles nothing. (The decode step's output projection asks for the splits before the
+/// attention runs; that compiled the decode kernel's plain variant, which the step, taking
+/// the rounding one, never used: a compile thread that could still be running at exit.)
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// attention_decode.rs: every key at once, one workgroup per (batch, KV head).
+    Decode(attention_decode::Shape),
+    /// The flash kernel, tiled so.
+    Flash(AttentionTiles),
 }
 
 /// Who merges a split attention's partials: the combine dispatch (`gpu_attention`), or the
@@ -1014,17 +1026,14 @@ fn plan(
     };
     // A decode step not split takes the kernel that scores every key at once where its planned
     // keys fit (attention_decode.rs), one workgroup per (batch, KV head).
-    let (pipeline, n_wg, rounds, decode) = match decode_shape.filter(|_| splits == 1) {
-        Some(sh) => {
-            let pipeline = attention_decode::decode_pipeline(&ctx, sh, round.then(|| round_q8_header(&ctx, 5)))?;
-            (pipeline, u(s.b * s.hkv)?, round, true)
-        }
+    let (kernel, n_wg, rounds) = match decode_shape.filter(|_| splits == 1) {
+        Some(sh) => (Kernel::Decode(sh), u(s.b * s.hkv)?, round),
         None => {
             let rounds = round && splits == 1 && tiles.nt().is_multiple_of(8);
-            (attention_pipeline(&ctx, &s, tiles, k, v, rounds)?, u(splits * base_wgs)?, rounds, false)
+            (Kernel::Flash(tiles), u(splits * base_wgs)?, rounds)
         }
     };
-    Ok(Some(Plan { ctx, s, params, pipeline, n_wg, splits, rounds, decode }))
+    Ok(Some(Plan { ctx, s, params, kernel, n_wg, splits, rounds }))
 }
 
 impl Plan {
@@ -1037,7 +1046,13 @@ impl Plan {
             (false, None) => {}
             _ => return Err(Error::gpu(OP, "the rounding kernel and its words go together")),
         }
-        self.ctx.dispatch(&self.pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
+        let pipeline = match self.kernel {
+            Kernel::Decode(sh) => {
+                attention_decode::decode_pipeline(&self.ctx, sh, self.rounds.then(|| round_q8_header(&self.ctx, 5)))?
+            }
+            Kernel::Flash(tiles) => attention_pipeline(&self.ctx, &self.s, tiles, k, v, self.rounds)?,
+        };
+        self.ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&self.params), &binds, self.ctx.grid_1d(self.n_wg))
     }
 
     /// The first pass of a split call into a new partials tensor.

@@ -272,22 +272,6 @@ fn short_caches_are_walked_whole() {
     }
 }
 
-/// The rounding `q8_rows_are_the_output_rounded` expects of one x row: per 32-element block
-/// (bytes, d, s) as round_q8.wgsl stores them (q = round half to even of x * 127 / max|x|, d =
-/// max|x| / 127 and s = d * sum(q) through f16).
-fn q8_row_reference(x: &[f32]) -> Vec<(Vec<i32>, f32, f32)> {
-    x.chunks(32)
-        .map(|b| {
-            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let q: Vec<i32> = b.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
-            let d = amax / 127.0;
-            let s = d * q.iter().sum::<i32>() as f32;
-            (q, half::f16::from_f32(d).to_f32(), half::f16::from_f32(s).to_f32())
-        })
-        .collect()
-}
-
 /// `Tensor::attention_q8` (the decode step's attention rounding its output for the output
 /// projection): its f32 rows are the attention's [B * Tq, Hq * D] (against the CPU), its words
 /// are those rows rounded to 8-bit blocks (against a host rounding of the rows it returned:
@@ -341,22 +325,25 @@ fn q8_rows_are_the_output_rounded() {
             check_close(&name, &x, &want, 2e-5, 2e-4).unwrap_or_else(|m| panic!("{m} on {}", dev.name()));
             let words: Vec<u32> = r.words().to_vec().unwrap();
             assert_eq!(words.len(), rows * cols / 4 + rows * cols / 16, "{name}: words");
-            let (bytes, ds) = words.split_at(rows * cols / 4);
-            for (row, xr) in x.chunks(cols).enumerate() {
-                for (blk, (rq, rd, rs)) in q8_row_reference(xr).into_iter().enumerate() {
-                    let at = row * cols / 32 + blk;
-                    let gq: Vec<i32> = bytes[at * 8..at * 8 + 8]
-                        .iter()
-                        .flat_map(|w| w.to_le_bytes().map(|c| c as i8 as i32))
-                        .collect();
-                    let near = gq.iter().zip(&rq).all(|(g, w)| (g - w).abs() <= 1);
-                    let (gd, gs) = (f32::from_bits(ds[2 * at]), f32::from_bits(ds[2 * at + 1]));
-                    assert!(
-                        near && (gd - rd).abs() <= 1e-3 * rd.abs() && (gs - rs).abs() <= 2e-3 * rs.abs().max(gd * 4.0),
-                        "{name} on {}: row {row} block {blk}: bytes {gq:?} vs {rq:?}, d {gd} vs {rd}, s {gs} vs {rs}",
-                        dev.name()
-                    );
-                }
+            // The CPU backend's rounding of the rows returned; host_blocks also checks the
+            // sum(q) that d's word carries against the bytes.
+            let want_blocks = anygpu_core::quant::q8_round_blocks(&x).unwrap();
+            let got_blocks = r.host_blocks().unwrap_or_else(|e| panic!("{name} on {}: {e}", dev.name()));
+            for (at, (g, w)) in got_blocks.iter().zip(&want_blocks).enumerate() {
+                let (row, blk) = (at / (cols / 32), at % (cols / 32));
+                let near = g.q.iter().zip(&w.q).all(|(a, b)| (*a as i32 - *b as i32).abs() <= 1);
+                assert!(
+                    near && (g.d - w.d).abs() <= 1e-3 * w.d.abs()
+                        && (g.s - w.s).abs() <= 2e-3 * w.s.abs().max(g.d * 4.0),
+                    "{name} on {}: row {row} block {blk}: bytes {:?} vs {:?}, d {} vs {}, s {} vs {}",
+                    dev.name(),
+                    g.q,
+                    w.q,
+                    g.d,
+                    w.d,
+                    g.s,
+                    w.s
+                );
             }
             // The product of the rounded rows, as the output projection's.
             let w =

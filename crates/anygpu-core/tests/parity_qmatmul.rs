@@ -479,6 +479,7 @@ fn q8_own_dispatch_for_large_plain_products() {
 #[test]
 fn q8_rounding_scales_are_f16_values() {
     use anygpu_core::quant::gpu::Q8Rows;
+    use anygpu_core::quant::q8_round_blocks;
     let _turn = one_at_a_time();
     let scales = [1.0f32, 3.7, 1e-3, 2e-5, 1e-6, 0.0, 50.0, 3e5];
     let (n, cols) = (3usize, 32 * 2 * scales.len());
@@ -492,22 +493,17 @@ fn q8_rounding_scales_are_f16_values() {
         (f16::from_bits(h.to_bits() + 1).to_f32() - h.to_f32())
             .max(h.to_f32() - f16::from_bits(h.to_bits().max(1) - 1).to_f32())
     };
+    let want = q8_round_blocks(&x).unwrap();
     for d in gpu_devices() {
-        let words = Q8Rows::round(&Tensor::from_vec(x.clone(), [n, cols], &Device::Cpu).unwrap().to_device(d).unwrap())
-            .and_then(|r| r.words().to_vec::<u32>())
+        // host_blocks also checks the sum(q) that d's word carries (the Q4_0 product's offset
+        // term) against the bytes.
+        let got = Q8Rows::round(&Tensor::from_vec(x.clone(), [n, cols], &Device::Cpu).unwrap().to_device(d).unwrap())
+            .and_then(|r| r.host_blocks())
             .unwrap_or_else(|e| panic!("rounding on {}: {e}", d.name()));
-        let (bytes, ds) = words.split_at(n * cols / 4);
-        for (b, block) in x.chunks(32).enumerate() {
-            let (want_q, want_d, want_s) = q8_block_host(block);
+        for (b, ((g, w), block)) in got.iter().zip(&want).zip(x.chunks(32)).enumerate() {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let got_q: Vec<i32> =
-                bytes[b * 8..b * 8 + 8].iter().flat_map(|w| w.to_le_bytes()).map(|q| q as i8 as i32).collect();
-            // d's word carries sum(q) in its low 13 bits (the Q4_0 product's offset term).
-            let (got_d, got_s) = (f32::from_bits(ds[2 * b] & !0x1FFF), f32::from_bits(ds[2 * b + 1]));
-            let got_sum = ((ds[2 * b] << 19) as i32) >> 19;
-            assert_eq!(got_sum, got_q.iter().sum::<i32>(), "block {b} on {}: sum(q) in d's word", d.name());
             let at = format!("block {b} (max|x| {amax:e}) on {}", d.name());
-            for (what, got, want) in [("d", got_d, want_d), ("s", got_s, want_s)] {
+            for (what, got, want) in [("d", g.d, w.d), ("s", g.s, w.s)] {
                 assert_eq!(
                     f16::from_f32(got).to_f32().to_bits(),
                     got.to_bits(),
@@ -518,35 +514,20 @@ fn q8_rounding_scales_are_f16_values() {
                     "{at}: {what} = {got:e}, the host's {want:e}"
                 );
             }
-            for (i, (g, w)) in got_q.iter().zip(&want_q).enumerate() {
-                assert!((g - w).abs() <= 1, "{at}: byte {i} = {g}, the host's {w}");
+            for (i, (gq, wq)) in g.q.iter().zip(&w.q).enumerate() {
+                assert!((*gq as i32 - *wq as i32).abs() <= 1, "{at}: byte {i} = {gq}, the host's {wq}");
             }
         }
     }
 }
 
-/// One 32-element block rounded as the GPU's quantize_q8.wgsl rounds it (llama.cpp's
-/// quantize_row_q8_1): q = round half to even of x * 127 / max|x|, and d = max|x| / 127 and
-/// s = d * sum(q) as f16 values.
-fn q8_block_host(b: &[f32]) -> (Vec<i32>, f32, f32) {
-    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let q: Vec<i32> = b.iter().map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) as i32).collect();
-    let s = amax / 127.0 * q.iter().sum::<i32>() as f32;
-    (q, f16::from_f32(amax / 127.0).to_f32(), f16::from_f32(s).to_f32())
-}
-
-/// x rounded as the GPU's quantize_q8.wgsl rounds it ([`q8_block_host`]), back in f32, with
-/// each block's d.
+/// x rounded as the GPU's quantize_q8.wgsl rounds it (the CPU backend's Q8 rounding,
+/// `quant::q8_round_blocks`), back in f32, with each block's d.
 fn q8_blocks_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut out = Vec::with_capacity(x.len());
-    let mut ds = Vec::new();
-    for b in x.chunks(32) {
-        let (q, d, _) = q8_block_host(b);
-        out.extend(q.iter().map(|&q| d * q as f32));
-        ds.push(d);
-    }
-    (out, ds)
+    use anygpu_core::quant::q8_round_blocks;
+    let blocks = q8_round_blocks(x).unwrap();
+    let out = blocks.iter().flat_map(|b| b.q.map(|q| b.d * q as f32)).collect();
+    (out, blocks.iter().map(|b| b.d).collect())
 }
 
 /// The Q8 matvec of the k-quants (Q4_K, Q5_K, Q6_K), forced on (`x_q8: Some(true)`), against a

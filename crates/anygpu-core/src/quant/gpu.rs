@@ -1533,6 +1533,32 @@ impl Q8Rows {
         let q = Tensor::gpu(buf, DType::U32, vec![words].into(), x.device().clone());
         Ok(Q8Rows { x, q, norm_weight: None })
     }
+    /// The words read back as blocks (bytes, then the (d, s) pairs, d's word masked of the
+    /// sum(q) its low 13 bits carry): for tests. An error where that sum is not the bytes'.
+    #[doc(hidden)]
+    pub fn host_blocks(&self) -> Result<Vec<super::HostQ8Block>> {
+        let words: Vec<u32> = self.q.to_vec()?;
+        let n_blocks = self.x.numel() / 32;
+        let (bytes, ds) = words.split_at(n_blocks * 8);
+        (0..n_blocks)
+            .map(|b| {
+                let mut q = [0i8; 32];
+                for (i, w) in bytes[b * 8..b * 8 + 8].iter().enumerate() {
+                    q[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes().map(|c| c as i8));
+                }
+                let (dw, sw) = (ds[2 * b], ds[2 * b + 1]);
+                let carried = ((dw << 19) as i32) >> 19;
+                let sum: i32 = q.iter().map(|&v| v as i32).sum();
+                if carried != sum {
+                    return Err(Error::gpu(
+                        "q8 words",
+                        format!("block {b}: d's word carries sum {carried}, bytes sum {sum}"),
+                    ));
+                }
+                Ok(super::HostQ8Block { q, d: f32::from_bits(dw & !0x1FFF), s: f32::from_bits(sw) })
+            })
+            .collect()
+    }
     /// A pair for x [n, cols] (cols a multiple of 32), its words not yet written.
     pub(crate) fn for_x(x: Tensor) -> Result<Q8Rows> {
         let q = Q8Rows::words_for(x.numel(), x.device())?;

@@ -26,6 +26,8 @@ mod types;
 pub use dequant::{dequantize, dequantize_to_vec};
 pub use fused::RmsNorm;
 pub use matvec::{matmul, matmul_q8, matvec};
+#[doc(hidden)]
+pub use q8::{round_blocks as q8_round_blocks, HostQ8Block};
 pub use qtensor::{CpuMath, QStorage, QTensor, SharedBytes};
 pub use quantize::quantize_into;
 pub use types::GgmlType;

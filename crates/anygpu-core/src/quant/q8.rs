@@ -93,6 +93,30 @@ impl Path {
 // ---------------------------------------------------------------------------------------------
 // Quantizing the activations.
 
+/// One 32-element block rounded to 8 bits, as plain values: for the tests that check the GPU's
+/// rounding (round_q8.wgsl) against this CPU path's, and the GPU's words read back
+/// ([`super::gpu::Q8Rows::host_blocks`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostQ8Block {
+    pub q: [i8; QK],
+    /// max|x| / 127 and d * sum(q), as f16 values.
+    pub d: f32,
+    pub s: f32,
+}
+
+/// `x` (a whole number of 32-blocks) rounded by the CPU backend's Q8 path (llama.cpp's
+/// `quantize_row_q8_1`): the reference for the GPU's rounding.
+#[doc(hidden)]
+pub fn round_blocks(x: &[f32]) -> crate::Result<Vec<HostQ8Block>> {
+    if !x.len().is_multiple_of(QK) {
+        return Err(crate::Error::shape("q8 rounding", format!("{} values are not whole blocks of {QK}", x.len())));
+    }
+    let mut out = vec![Q8Block::default(); x.len() / QK];
+    quantize(Path::best(), x, &mut out);
+    Ok(out.iter().map(|b| HostQ8Block { q: b.qs, d: b.d, s: b.s }).collect())
+}
+
 /// Rounds `x` (a whole number of 32-blocks) into `out`, one block per 32 values.
 pub(crate) fn quantize(path: Path, x: &[f32], out: &mut [Q8Block]) {
     debug_assert_eq!(x.len(), out.len() * QK);

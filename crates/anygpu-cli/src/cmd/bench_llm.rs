@@ -86,30 +86,34 @@ fn pp(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> 
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// Decode speed over `n` tokens after `depth` with a KV cache of `ctx` positions (at least
-/// depth + n + 1; the attention plans its key splits on the cache's capacity).
-fn tg(model: &Llama, n: usize, depth: usize, ctx: usize, seed: u64) -> anygpu_core::Result<f64> {
-    let mut cache = cache_at_depth(model, ctx.max(depth + n + 1), depth)?;
+/// Decode speed over `n` tokens after the `depth` positions `cache` holds (rewound to them
+/// first, as for [`pp`]: every repetition replays the one recording of the decode step, as
+/// llama-bench's reuse one graph, and writes into memory an earlier run has used; a cache per
+/// repetition had timed each one's first use of freshly allocated memory).
+fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
+    cache.truncate(depth);
     let mut id = tokens(1, model.config.n_vocab, seed)[0];
     // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
-    model.prepare_decode(&mut cache);
+    model.prepare_decode(cache);
+    let before = cache.decode_stats().unwrap_or_default();
     let t0 = Instant::now();
     let rate = if std::env::var("ANYGPU_GREEDY_ON_GPU").is_ok_and(|v| v == "0") {
         // The step-by-step path: logits back to the host, argmax there (for comparisons).
         for _ in 0..n {
-            let logits = model.decode(id, &mut cache)?;
+            let logits = model.decode(id, cache)?;
             id = anygpu_models::sampling::argmax(&logits).unwrap_or(0) as u32;
         }
         n as f64 / t0.elapsed().as_secs_f64()
     } else {
         // Greedy decoding as `generate --temp 0` runs it: the argmax on the GPU, two steps in flight.
-        let made = model.decode_greedy(id, n, &mut cache, &mut |_| true)?;
+        let made = model.decode_greedy(id, n, cache, &mut |_| true)?;
         made as f64 / t0.elapsed().as_secs_f64()
     };
     if std::env::var("ANYGPU_PROFILE_DECODE").is_ok_and(|v| v == "1") {
         print_profile("decode step", cache.profile_decode()?);
     }
-    if let Some(s) = cache.decode_stats().filter(|s| s.steps > 0) {
+    // This repetition's steps only (the cache's sums run over all of them).
+    if let Some(s) = cache.decode_stats().map(|s| s.since(&before)).filter(|s| s.steps > 0) {
         let ms = |v: f64| v * 1e3 / s.steps as f64;
         eprintln!(
             "anygpu: decode step replayed: {} dispatches; per token {:.3} ms in all; from its start, a run (greedy: up to \
@@ -191,11 +195,14 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         if let Some(g) = lm.model.device().gpu() {
             g.release_pooled()?;
         }
-        // `-c` sets the decode test's cache (default: just the generated tokens, n + 1).
+        // `-c` sets the decode test's cache (default: just the generated tokens, n + 1; the
+        // attention plans its key splits on the cache's capacity). The untimed warm-up is a
+        // whole run: it records the step and brings the GPU to the clocks it decodes at.
         let ctx = args.model.ctx_size.unwrap_or(0);
-        tg(&lm.model, 4, depth, ctx, 0)?;
+        let mut cache = cache_at_depth(&lm.model, ctx.max(depth + args.n_gen + 1), depth)?;
+        tg(&lm.model, &mut cache, args.n_gen, depth, 0)?;
         let v = (0..reps)
-            .map(|r| tg(&lm.model, args.n_gen, depth, ctx, r as u64 + 1))
+            .map(|r| tg(&lm.model, &mut cache, args.n_gen, depth, r as u64 + 1))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         rows.push(Row {

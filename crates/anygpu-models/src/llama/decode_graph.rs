@@ -75,6 +75,19 @@ pub struct DecodeStats {
 }
 
 impl DecodeStats {
+    /// The steps run since `earlier` (an earlier reading of the same sums).
+    pub fn since(&self, earlier: &DecodeStats) -> DecodeStats {
+        DecodeStats {
+            dispatches: self.dispatches,
+            steps: self.steps - earlier.steps.min(self.steps),
+            encode_s: self.encode_s - earlier.encode_s,
+            gpu_s: self.gpu_s - earlier.gpu_s,
+            total_s: self.total_s - earlier.total_s,
+            submitted_s: self.submitted_s - earlier.submitted_s,
+            waited_s: self.waited_s - earlier.waited_s,
+        }
+    }
+
     /// Counts one step: the times of the run it was in (the GPU time shared by its steps),
     /// `per_token_s` of wall time.
     fn add(&mut self, t: ReplayTimes, per_token_s: f64) {
@@ -327,5 +340,33 @@ impl Llama {
             }
         }
         Ok(max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_since_an_earlier_reading_count_only_the_steps_after_it() {
+        let mut s = DecodeStats::default();
+        let t = |gpu| ReplayTimes {
+            encode_s: 1.0,
+            gpu_s: Some(gpu),
+            total_s: 9.0,
+            submitted_s: 2.0,
+            waited_s: 3.0,
+            steps: 2,
+        };
+        s.add(t(4.0), 0.5);
+        let earlier = s;
+        s.add(t(8.0), 0.25);
+        s.add(t(8.0), 0.25);
+        let d = s.since(&earlier);
+        assert_eq!(d.steps, 2);
+        assert_eq!((d.encode_s, d.submitted_s, d.waited_s), (2.0, 4.0, 6.0));
+        // Each step's share of its run's GPU time: 8 / 2 twice.
+        assert_eq!(d.gpu_s, 8.0);
+        assert_eq!(d.total_s, 0.5);
     }
 }

@@ -88,7 +88,7 @@ fn pp(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> 
 
 /// Decode speed over `n` tokens after the `depth` positions `cache` holds (rewound to them
 /// first, as for [`pp`]: every repetition replays the one recording of the decode step, as
-/// llama-bench's reuse one graph, and writes into memory an earlier run has used; a cache per
+/// llama-bench's repetitions reuse one graph, and writes into memory an earlier run has used; a cache per
 /// repetition had timed each one's first use of freshly allocated memory).
 fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
     cache.truncate(depth);

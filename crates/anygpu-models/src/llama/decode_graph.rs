@@ -79,7 +79,7 @@ impl DecodeStats {
     pub fn since(&self, earlier: &DecodeStats) -> DecodeStats {
         DecodeStats {
             dispatches: self.dispatches,
-            steps: self.steps - earlier.steps.min(self.steps),
+            steps: self.steps.saturating_sub(earlier.steps),
             encode_s: self.encode_s - earlier.encode_s,
             gpu_s: self.gpu_s - earlier.gpu_s,
             total_s: self.total_s - earlier.total_s,

@@ -1,7 +1,8 @@
 //! The kernel benchmark suite behind `anygpu bench ops`: each kernel at sizes that fill the
 //! device (small ones on the CPU backend and software rasterizers, so a full run stays under
-//! two minutes there), warm-up then the median of N runs, timed with GPU timestamps when the
-//! device has them (wall clock around a full sync otherwise). Each result carries GFLOP/s,
+//! two minutes there), a warm-up of at least half a second (see [`WARM_UP_S`]), then the
+//! median of N runs, timed with GPU timestamps when the device has them (wall clock around a
+//! full sync otherwise). Each result carries GFLOP/s,
 //! GB/s, and the fraction of this device's own ceilings measured in the same run: its copy
 //! bandwidth and its best matmul.
 
@@ -29,6 +30,48 @@ pub struct BenchResult {
     pub frac_best_matmul: Option<f64>,
     /// "gpu-timestamp" or "wall-clock".
     pub timer: &'static str,
+}
+
+/// How long every benchmark keeps the device busy before it times anything (seconds). A GPU
+/// left idle for a few seconds (a model loading, a test uploading its weights) lowers its clocks,
+/// and raises them again only after a while of steady work: on the H100 its SM clock fell from
+/// 1,980 to 345 MHz after ~3 s with little to do and came back ~0.2 s into steady work, every
+/// kernel ~3.4x slower until then (BENCHMARKS.md, twenty-second session). One untimed run, as
+/// llama-bench does, is not that while: a pp512 of SmolLM2 takes 8 ms.
+pub const WARM_UP_S: f64 = 0.5;
+
+/// [`WARM_UP_S`], or `ANYGPU_BENCH_WARMUP_S` (read once; 0: a single untimed run, for
+/// comparisons).
+pub fn warm_up_seconds() -> f64 {
+    static V: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("ANYGPU_BENCH_WARMUP_S")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .unwrap_or(WARM_UP_S)
+    })
+}
+
+/// The untimed warm-up of a benchmark: `run` once (it compiles the kernels and fills the
+/// pools), then again until [`warm_up_seconds`] have passed since the start, the device synced
+/// after each run so that the GPU works steadily rather than queueing. Returns the runs made.
+pub fn warm_up<T>(dev: &Device, run: impl FnMut() -> Result<T>) -> Result<usize> {
+    warm_up_for(dev, warm_up_seconds(), run)
+}
+
+/// [`warm_up`] for at least `min` seconds.
+pub fn warm_up_for<T>(dev: &Device, min: f64, mut run: impl FnMut() -> Result<T>) -> Result<usize> {
+    let t0 = Instant::now();
+    let mut runs = 0;
+    loop {
+        drop(run()?);
+        dev.sync()?;
+        runs += 1;
+        if t0.elapsed().as_secs_f64() >= min {
+            return Ok(runs);
+        }
+    }
 }
 
 /// One benchmark: how to make its inputs, run it once, and count its work.
@@ -194,7 +237,8 @@ fn time_once(dev: &Device, f: &dyn Fn() -> Result<Tensor>) -> Result<(f64, &'sta
     }
 }
 
-/// Runs every case whose op name contains `filter`; `reps` timed runs each after two warm-ups.
+/// Runs every case whose op name contains `filter`; `reps` timed runs each after the warm-up
+/// ([`warm_up`]: at least two runs).
 pub fn run_ops(
     dev: &Device,
     filter: Option<&str>,
@@ -206,9 +250,8 @@ pub fn run_ops(
         if filter.is_some_and(|f| !c.op.contains(f)) {
             continue;
         }
-        for _ in 0..2 {
-            time_once(dev, &c.run)?;
-        }
+        time_once(dev, &c.run)?;
+        warm_up(dev, || time_once(dev, &c.run))?;
         let mut times = Vec::with_capacity(reps.max(1));
         let mut timer = "wall-clock";
         for _ in 0..reps.max(1) {
@@ -249,4 +292,46 @@ pub fn run_ops(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warm_up_for;
+    use crate::{Device, Error};
+    use std::time::Duration;
+
+    #[test]
+    fn warm_up_runs_once_then_until_the_time_has_passed() {
+        let mut runs = 0;
+        let made = warm_up_for(&Device::Cpu, 0.0, || -> crate::Result<()> {
+            runs += 1;
+            Ok(())
+        });
+        assert_eq!((made.unwrap(), runs), (1, 1));
+
+        // Runs of at least 10 ms each for 0.2 s: more than one, and none begun after the time
+        // had passed (at most 20).
+        let t0 = std::time::Instant::now();
+        let made = warm_up_for(&Device::Cpu, 0.2, || -> crate::Result<()> {
+            std::thread::sleep(Duration::from_millis(10));
+            Ok(())
+        })
+        .unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(200), "{:?}", t0.elapsed());
+        assert!((2..=20).contains(&made), "{made} runs of 10 ms for 0.2 s");
+    }
+
+    #[test]
+    fn warm_up_stops_at_the_first_error() {
+        let mut runs = 0;
+        let err = warm_up_for(&Device::Cpu, 10.0, || -> crate::Result<()> {
+            runs += 1;
+            match runs {
+                3 => Err(Error::Unsupported("third run".into())),
+                _ => Ok(()),
+            }
+        });
+        assert!(matches!(err, Err(Error::Unsupported(m)) if m == "third run"));
+        assert_eq!(runs, 3);
+    }
 }

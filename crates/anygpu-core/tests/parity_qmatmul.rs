@@ -926,14 +926,12 @@ fn combine_prologue_matches_composition() {
     }
 }
 
-/// Per call of `f` (after warm-up), in µs: the host time recording `iters` calls, and the GPU
-/// time running them (the batch is submitted at the sync, so that time is the device's alone,
-/// plus one submit).
+/// Per call of `f` (after the benchmarks' warm-up, `anygpu_core::bench::warm_up`: without it a
+/// case that follows seconds of uploads ran at the clocks the GPU idled at), in µs: the host time
+/// recording `iters` calls, and the GPU time running them (the batch is submitted at the sync,
+/// so that time is the device's alone, plus one submit).
 fn time_us(d: &Device, iters: usize, f: impl Fn() -> Result<Tensor>) -> (f64, f64) {
-    for _ in 0..3 {
-        f().unwrap();
-    }
-    d.sync().unwrap();
+    anygpu_core::bench::warm_up(d, &f).unwrap();
     let t0 = Instant::now();
     for _ in 0..iters {
         f().unwrap();

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use anygpu_core::bench::warm_up;
 use anygpu_models::llama::{KvCache, Llama};
 use serde::Serialize;
 
@@ -89,8 +90,9 @@ fn pp(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> 
 /// Decode speed over `n` tokens after the `depth` positions `cache` holds (rewound to them
 /// first, as for [`pp`]: every repetition replays the one recording of the decode step, as
 /// llama-bench's repetitions reuse one graph, and writes into memory an earlier run has used; a cache per
-/// repetition had timed each one's first use of freshly allocated memory).
-fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> anygpu_core::Result<f64> {
+/// repetition had timed each one's first use of freshly allocated memory). A timed run (not a
+/// warm-up) prints where its steps' time went.
+fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64, timed: bool) -> anygpu_core::Result<f64> {
     cache.truncate(depth);
     let mut id = tokens(1, model.config.n_vocab, seed)[0];
     // Recording the decode step is a one-off per cache (like building llama.cpp's graph).
@@ -109,6 +111,9 @@ fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> 
         let made = model.decode_greedy(id, n, cache, &mut |_| true)?;
         made as f64 / t0.elapsed().as_secs_f64()
     };
+    if !timed {
+        return Ok(rate);
+    }
     if std::env::var("ANYGPU_PROFILE_DECODE").is_ok_and(|v| v == "1") {
         print_profile("decode step", cache.profile_decode()?);
     }
@@ -169,11 +174,15 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     let dev = describe(lm.model.device());
     let reps = args.reps;
     let mut rows = Vec::new();
-    // One untimed run of each compiles the pipelines and warms the pools (at the full prompt
-    // length, as llama-bench's warm-up: the kernels' tile choices depend on the token count).
+    // Untimed runs of each test first: the first compiles the pipelines and warms the pools
+    // (at the full prompt length, as llama-bench's warm-up: the kernels' tile choices depend on
+    // the token count), and more follow until the device has worked for half a second, so that
+    // a GPU whose clocks dropped while the model loaded is back at speed (see
+    // anygpu_core::bench::warm_up).
+    let dev_ref = lm.model.device();
     if args.n_prompt > 0 {
         let mut cache = cache_at_depth(&lm.model, depth + args.n_prompt, depth)?;
-        pp(&lm.model, &mut cache, args.n_prompt, depth, 0)?;
+        warm_up(dev_ref, || pp(&lm.model, &mut cache, args.n_prompt, depth, 0))?;
         let v = (0..reps)
             .map(|r| pp(&lm.model, &mut cache, args.n_prompt, depth, r as u64 + 1))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
@@ -196,13 +205,13 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
             g.release_pooled()?;
         }
         // `-c` sets the decode test's cache (default: just the generated tokens, n + 1; the
-        // attention plans its key splits on the cache's capacity). The untimed warm-up is a
-        // whole run: it records the step and brings the GPU to the clocks it decodes at.
+        // attention plans its key splits on the cache's capacity). The untimed warm-up is
+        // whole runs: the first records the step.
         let ctx = args.model.ctx_size.unwrap_or(0);
         let mut cache = cache_at_depth(&lm.model, ctx.max(depth + args.n_gen + 1), depth)?;
-        tg(&lm.model, &mut cache, args.n_gen, depth, 0)?;
+        warm_up(dev_ref, || tg(&lm.model, &mut cache, args.n_gen, depth, 0, false))?;
         let v = (0..reps)
-            .map(|r| tg(&lm.model, &mut cache, args.n_gen, depth, r as u64 + 1))
+            .map(|r| tg(&lm.model, &mut cache, args.n_gen, depth, r as u64 + 1, true))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
         rows.push(Row {

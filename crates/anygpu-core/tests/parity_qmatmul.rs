@@ -931,7 +931,8 @@ fn combine_prologue_matches_composition() {
 /// recording `iters` calls, and the GPU time running them (the batch is submitted at the sync,
 /// so that time is the device's alone, plus one submit).
 fn time_us(d: &Device, iters: usize, f: impl Fn() -> Result<Tensor>) -> (f64, f64) {
-    anygpu_core::bench::warm_up(d, &f).unwrap();
+    // Twenty calls per sync, so that the GPU is kept busy by calls of a few µs too.
+    anygpu_core::bench::warm_up(d, || (0..20).try_for_each(|_| f().map(drop))).unwrap();
     let t0 = Instant::now();
     for _ in 0..iters {
         f().unwrap();

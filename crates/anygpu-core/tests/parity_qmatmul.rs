@@ -561,14 +561,25 @@ fn q8_matvec_kquants_match_rounded_x() {
                 let atol = atol_for(ty, &bytes, rows, cols) + 4.0 * max_w * max_d + mag / 1024.0;
                 let name = format!("q8 matvec {ty} [{rows}, {cols}] n {n}");
                 for d in gpu_devices().iter() {
-                    let run = || -> Result<(Vec<f32>, Vec<f32>)> {
+                    // Also with a binding limit that splits the 256-column rows (about 20 a
+                    // binding): rows start mid-binding (the Q4_K / Q5_K products read their
+                    // weights as vec4s, which needs them 16-byte aligned).
+                    let run = || -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
                         let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d)?;
                         let x = Tensor::from_vec(xv.clone(), [n, cols], &Device::Cpu)?.to_device(d)?;
-                        Ok((qmatmul_opts(&w, &x, q8)?.to_vec_f32()?, w.qmatmul(&x)?.to_vec_f32()?))
+                        let limit = 256 + 3 * w.row_bytes().max(4 * rows.max(cols)) as u64;
+                        let sliced = QOptions { max_binding: Some(limit), ..q8 };
+                        Ok((
+                            qmatmul_opts(&w, &x, q8)?.to_vec_f32()?,
+                            qmatmul_opts(&w, &x, sliced)?.to_vec_f32()?,
+                            w.qmatmul(&x)?.to_vec_f32()?,
+                        ))
                     };
-                    let (got, exact) = run().unwrap_or_else(|e| panic!("{name} on {}: {e}", d.name()));
+                    let (got, sliced, exact) = run().unwrap_or_else(|e| panic!("{name} on {}: {e}", d.name()));
                     assert!(got.iter().zip(&exact).any(|(a, b)| a != b), "{name}: the Q8 path gave the exact result");
                     check_close(&name, &got, &want, atol, 0.0).unwrap_or_else(|m| panic!("{m} on {}", d.name()));
+                    check_close(&format!("{name} sliced"), &sliced, &want, atol, 0.0)
+                        .unwrap_or_else(|m| panic!("{m} on {}", d.name()));
                 }
             }
         }

@@ -241,6 +241,21 @@ pub(super) fn wgsl_name(ty: GgmlType) -> &'static str {
     }
 }
 
+/// Whether a product of `ty` reads its weights as `array<vec4<u32>>` (matvec.wgsl's `w4_at`
+/// one 16-byte load instead of four word loads; see [`vec4_weights`]): the Q8 units of Q4_K
+/// and Q5_K, whose super-blocks (144 and 176 bytes) keep every run of four words they read
+/// 16-byte aligned when each row, and so each slice's first row, starts on a 16-byte boundary
+/// of its binding.
+/// `ANYGPU_W_VEC4=0` (read once) keeps every product on the word view, for comparisons.
+fn w_vec4_view(ty: GgmlType, q8: bool, row_bytes: usize, slices: &[RowSlice]) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ANYGPU_W_VEC4").map_or(true, |v| v != "0"))
+        && q8
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q5K)
+        && row_bytes.is_multiple_of(16)
+        && slices.iter().all(|s| s.w_off.is_multiple_of(16))
+}
+
 /// A run of W rows bound on their own: `rows` rows from `r0`, bound at byte `bind_off` of the
 /// weight buffer for `bind_len` bytes; row r0 starts `w_off` bytes into the binding.
 struct RowSlice {
@@ -376,6 +391,63 @@ enum Source {
     Gather = 2,
     /// The matvec with Q8 x (matvec_q8.wgsl's unit functions).
     MatvecQ8 = 3,
+    /// MatvecQ8 with the weights bound as vec4s ([`vec4_weights`]).
+    MatvecQ8Vec4 = 4,
+}
+
+/// matvec.wgsl's W_VIEW for weights bound as words: `w4_at` as four word loads.
+const W_VIEW_WORDS: &str =
+    "fn w4_at(i: u32) -> vec4<u32> {\n    return vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);\n}";
+
+/// The weights' declaration in matvec.wgsl.
+const W_DECL_WORDS: &str = "@group(0) @binding(1) var<storage, read> w: array<u32>;";
+
+/// A matvec kernel's text with its weights bound as `array<vec4<u32>>` instead of words (WGSL
+/// binds a buffer as one type per entry point): `w4_at` one 16-byte load, and every word read
+/// `w[i]` rewritten as `w_word(i)` (the word's vec4, one lane of it). On an H100 sixteen
+/// 4-byte loads of a warp at a 32-byte stride (a Q4_K chunk's quant words) touch twice the
+/// cache sectors of the same bytes in four 16-byte loads. For the types of [`w_vec4_view`].
+fn vec4_weights(text: &str) -> String {
+    let decl = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u32>>;\n\
+                fn w_word(i: u32) -> u32 {\n    return wv[i >> 2u][i & 3u];\n}\n\
+                fn w4_at(i: u32) -> vec4<u32> {\n    return wv[i >> 2u];\n}";
+    word_reads_as_calls(&text.replacen(W_DECL_WORDS, decl, 1).replacen(W_VIEW_WORDS, "", 1))
+}
+
+/// `w[i]` as `w_word(i)` throughout `text` (for [`vec4_weights`]); `i` rewritten likewise.
+fn word_reads_as_calls(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 256);
+    let mut i = 0;
+    while i < b.len() {
+        let word_start = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if word_start && b[i] == b'w' && b.get(i + 1) == Some(&b'[') {
+            // The matching bracket of `w[`.
+            let (mut depth, mut j) = (1, i + 2);
+            while j < b.len() && depth > 0 {
+                depth += match b[j] {
+                    b'[' => 1,
+                    b']' => -1,
+                    _ => 0,
+                };
+                j += 1;
+            }
+            if depth != 0 {
+                // Unbalanced (not in our kernels): left as it is, for the compiler to report.
+                out.push_str(&text[i..]);
+                break;
+            }
+            out.push_str("w_word(");
+            out.push_str(&word_reads_as_calls(&text[i + 2..j - 1]));
+            out.push(')');
+            i = j;
+        } else {
+            let c = text[i..].chars().next().unwrap_or(' ');
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
 }
 
 /// matvec.wgsl's unit of two rows (RPS = 2): the unit of each row, whose x loads (the same
@@ -389,7 +461,7 @@ const UNIT2_GENERIC: &str =
 /// (kernel, type) and kept for the life of the process (52 strings at most), so the pipeline
 /// cache can key on a `&'static str` as it does for the other kernels.
 fn type_source(kind: Source, ty: GgmlType) -> &'static str {
-    static SOURCES: [[OnceLock<&'static str>; 13]; 4] = [const { [const { OnceLock::new() }; 13] }; 4];
+    static SOURCES: [[OnceLock<&'static str>; 13]; 5] = [const { [const { OnceLock::new() }; 13] }; 5];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
     SOURCES[kind as usize][ti].get_or_init(|| {
         let name = wgsl_name(ty);
@@ -398,6 +470,7 @@ fn type_source(kind: Source, ty: GgmlType) -> &'static str {
                 MATVEC_WGSL.to_string(),
                 format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}(rb, u, xb); }}\n{UNIT2_GENERIC}"),
             ),
+            Source::MatvecQ8Vec4 => return Box::leak(vec4_weights(type_source(Source::MatvecQ8, ty)).into_boxed_str()),
             Source::MatvecQ8 => (
                 format!("{MATVEC_WGSL}\n{MATVEC_Q8_WGSL}"),
                 format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}_q8(rb, u, xb); }}\n{UNIT2_GENERIC}"),
@@ -408,7 +481,7 @@ fn type_source(kind: Source, ty: GgmlType) -> &'static str {
             ),
         };
         let text = format!("{}\n{}\n{forward}\n", keep_sections(COMMON_WGSL, name), keep_sections(&file, name));
-        Box::leak(text.into_boxed_str())
+        Box::leak(text.replace("{{W_VIEW}}", W_VIEW_WORDS).into_boxed_str())
     })
 }
 
@@ -1741,6 +1814,11 @@ fn qmatmul_with(
     };
 
     let name = wgsl_name(ty);
+    // The weights as vec4s (the rope and combine kernels keep their word view).
+    let w_vec4 = kernel == QKernel::Matvec
+        && w_vec4_view(ty, q8, w.row_bytes(), &slices)
+        && !matches!(epi, Epilogue::RopeKv(_))
+        && combine.is_none();
     // GLU and RopeKv pair two row slots per output row.
     let layout = MatvecLayout::new(OP, ty, rows, matvec_units(ty, cols, q8), epi, pro.staging(), &opts)?;
     let tpr = layout.tpr;
@@ -1751,11 +1829,16 @@ fn qmatmul_with(
                 if layout.rps == 2 { "_r2" } else { "" },
                 epi.name(),
                 pro.name(),
-                if q8 { "_q8" } else { "" }
+                match (q8, w_vec4) {
+                    (true, true) => "_q8_w4",
+                    (true, false) => "_q8",
+                    _ => "",
+                }
             ),
             match (epi, pro) {
                 (Epilogue::RopeKv(_), _) => rope_source(ty, q8),
                 (_, Prologue::Combine(_)) => combine_source(ty),
+                _ if w_vec4 => type_source(Source::MatvecQ8Vec4, ty),
                 _ if q8 => type_source(Source::MatvecQ8, ty),
                 _ => type_source(Source::Matvec, ty),
             },
@@ -2032,7 +2115,29 @@ fn gather_rows_from(w: &QTensor, idbuf: &GpuBuffer, n_ids: usize, opts: QOptions
 
 #[cfg(test)]
 mod tests {
-    use super::Q8Rows;
+    use super::{type_source, vec4_weights, GgmlType, Q8Rows, Source, W_DECL_WORDS, W_VIEW_WORDS};
+
+    /// The vec4 view rewrites every word read of W, nested ones included, and nothing else (x's
+    /// `xw[..]`, words that end in w); the matvec kernels' text holds the declaration and
+    /// `w4_at` it replaces.
+    #[test]
+    fn vec4_weights_rewrites_every_word_read() {
+        let text = format!(
+            "{W_DECL_WORDS}\n{W_VIEW_WORDS}\nfn f(i: u32) -> u32 {{ return w[i + w[i >> 2u]] + xw[i] + w[3u]; }}\n// w[i] in a comment\n"
+        );
+        let out = vec4_weights(&text);
+        assert!(out.contains("return w_word(i + w_word(i >> 2u)) + xw[i] + w_word(3u);"), "{out}");
+        assert!(out.contains("// w_word(i) in a comment"));
+        assert!(out.contains("var<storage, read> wv: array<vec4<u32>>;") && !out.contains(W_DECL_WORDS));
+        assert!(out.contains("return wv[i >> 2u];") && !out.contains(W_VIEW_WORDS));
+
+        for ty in [GgmlType::Q4K, GgmlType::Q5K] {
+            let words = type_source(Source::MatvecQ8, ty);
+            assert!(words.contains(W_DECL_WORDS) && words.contains(W_VIEW_WORDS) && !words.contains("{{W_VIEW}}"));
+            let vec4 = type_source(Source::MatvecQ8Vec4, ty);
+            assert!(!vec4.contains(W_DECL_WORDS) && !vec4.contains("w[") && vec4.contains("w4_at(qi)"));
+        }
+    }
 
     /// The Q8 products read the (d, s) pairs 16 bytes at a time, so the rounded words must be
     /// whole vec4s even for an odd number of blocks (1 x 96: three blocks, 30 words of data),

@@ -43,6 +43,10 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+// `w4_at(i)`: the four words of W from word i (a multiple of 4 wherever a type reads them so):
+// four word loads, or one 16-byte load through a second, vec4 view of the weights' buffer where
+// every row starts on a 16-byte boundary (the host's W_VIEW; see gpu.rs, `w_vec4_view`).
+{{W_VIEW}}
 // x: one of two views of binding 2 is used, depending on the type (never both in one
 // pipeline). With the RMSNorm prologue, x4 / x1 are instead workgroup arrays holding the
 // normalised x row (see PROLOGUE), and binding 2 is `xin`; with the combine prologue they hold
@@ -277,10 +281,8 @@ struct KScales {
 
 // @@ q4k q5k
 fn k_scales(i: u32, k: u32) -> KScales {
-    let s0 = w[i + 1u];
-    let s1 = w[i + 2u];
-    let s2 = w[i + 3u];
-    return KScales(unpack2x16float(w[i]), scale_min_k4_w(s0, s1, s2, 2u * k), scale_min_k4_w(s0, s1, s2, 2u * k + 1u));
+    let s = w4_at(i);
+    return KScales(unpack2x16float(s.x), scale_min_k4_w(s.y, s.z, s.w, 2u * k), scale_min_k4_w(s.y, s.z, s.w, 2u * k + 1u));
 }
 
 // @@ q5k

@@ -177,8 +177,8 @@ fn mv_q4k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let k = u & 3u;
     let i = (rb + b * 144u) >> 2u;
     let qi = i + 4u + 8u * k;
-    let qa = vec4<u32>(w[qi], w[qi + 1u], w[qi + 2u], w[qi + 3u]);
-    let qb = vec4<u32>(w[qi + 4u], w[qi + 5u], w[qi + 6u], w[qi + 7u]);
+    let qa = w4_at(qi);
+    let qb = w4_at(qi + 4u);
     let xw = xb + 64u * b + 16u * k;
     let m = vec4<u32>(0x0F0F0F0Fu);
     let sh = vec4<u32>(4u);
@@ -202,11 +202,11 @@ fn mv_q5k_q8(rb: u32, u: u32, xb: u32) -> f32 {
     let k = u & 3u;
     let i = (rb + b * 176u) >> 2u;
     let qi = i + 12u + 8u * k;
-    let qa = vec4<u32>(w[qi], w[qi + 1u], w[qi + 2u], w[qi + 3u]);
-    let qb = vec4<u32>(w[qi + 4u], w[qi + 5u], w[qi + 6u], w[qi + 7u]);
+    let qa = w4_at(qi);
+    let qb = w4_at(qi + 4u);
     let s2k = vec4<u32>(2u * k);
-    let ha = vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]) >> s2k;
-    let hb = vec4<u32>(w[i + 8u], w[i + 9u], w[i + 10u], w[i + 11u]) >> s2k;
+    let ha = w4_at(i + 4u) >> s2k;
+    let hb = w4_at(i + 8u) >> s2k;
     let m4 = vec4<u32>(0x0F0F0F0Fu);
     let b0 = vec4<u32>(0x01010101u);
     let b1 = vec4<u32>(0x02020202u);

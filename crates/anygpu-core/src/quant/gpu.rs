@@ -242,11 +242,10 @@ pub(super) fn wgsl_name(ty: GgmlType) -> &'static str {
 }
 
 /// Whether a product of `ty` reads its weights as `array<vec4<u32>>` (matvec.wgsl's `w4_at`
-/// one 16-byte load instead of four word loads; see [`vec4_weights`]): the Q8 units of Q4_K
+/// as one 16-byte load instead of four word loads; see [`vec4_weights`]): the Q8 units of Q4_K
 /// and Q5_K, whose super-blocks (144 and 176 bytes) keep every run of four words they read
 /// 16-byte aligned when each row, and so each slice's first row, starts on a 16-byte boundary
-/// of its binding.
-/// `ANYGPU_W_VEC4=0` (read once) keeps every product on the word view, for comparisons.
+/// of its binding. `ANYGPU_W_VEC4=0` (read once) keeps every product on words, for comparisons.
 fn w_vec4_view(ty: GgmlType, q8: bool, row_bytes: usize, slices: &[RowSlice]) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("ANYGPU_W_VEC4").map_or(true, |v| v != "0"))
@@ -404,9 +403,10 @@ const W_DECL_WORDS: &str = "@group(0) @binding(1) var<storage, read> w: array<u3
 
 /// A matvec kernel's text with its weights bound as `array<vec4<u32>>` instead of words (WGSL
 /// binds a buffer as one type per entry point): `w4_at` one 16-byte load, and every word read
-/// `w[i]` rewritten as `w_word(i)` (the word's vec4, one lane of it). On an H100 sixteen
-/// 4-byte loads of a warp at a 32-byte stride (a Q4_K chunk's quant words) touch twice the
-/// cache sectors of the same bytes in four 16-byte loads. For the types of [`w_vec4_view`].
+/// `w[i]` rewritten as `w_word(i)` (the word's vec4, one lane of it). A Q4_K chunk's quant words
+/// then take 2 loads instead of 8, its scales 1 instead of 4; a warp's word loads at the chunks'
+/// 32-byte stride each spanned ~9 cache lines for 128 bytes (H100, 8B-shape Q4_K decode 300-308
+/// -> 347-349 tok/s: BENCHMARKS.md, twenty-second session). For the types of [`w_vec4_view`].
 fn vec4_weights(text: &str) -> String {
     let decl = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u32>>;\n\
                 fn w_word(i: u32) -> u32 {\n    return wv[i >> 2u][i & 3u];\n}\n\

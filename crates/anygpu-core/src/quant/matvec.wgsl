@@ -44,8 +44,8 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 // `w4_at(i)`: the four words of W from word i (a multiple of 4 wherever a type reads them so):
-// four word loads, or one 16-byte load through a second, vec4 view of the weights' buffer where
-// every row starts on a 16-byte boundary (the host's W_VIEW; see gpu.rs, `w_vec4_view`).
+// four word loads here, one 16-byte load where the host binds W as vec4s instead (Q4_K / Q5_K
+// with Q8 x: gpu.rs, `vec4_weights` replaces the declaration above and rewrites every `w[i]`).
 {{W_VIEW}}
 // x: one of two views of binding 2 is used, depending on the type (never both in one
 // pipeline). With the RMSNorm prologue, x4 / x1 are instead workgroup arrays holding the

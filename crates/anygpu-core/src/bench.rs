@@ -240,7 +240,7 @@ fn time_once(dev: &Device, f: &dyn Fn() -> Result<Tensor>) -> Result<(f64, &'sta
 }
 
 /// Runs every case whose op name contains `filter`; `reps` timed runs each after the warm-up
-/// ([`warm_up`]: at least two runs).
+/// ([`warm_up`]).
 pub fn run_ops(
     dev: &Device,
     filter: Option<&str>,
@@ -252,7 +252,6 @@ pub fn run_ops(
         if filter.is_some_and(|f| !c.op.contains(f)) {
             continue;
         }
-        time_once(dev, &c.run)?;
         warm_up(dev, || time_once(dev, &c.run))?;
         let mut times = Vec::with_capacity(reps.max(1));
         let mut timer = "wall-clock";

@@ -179,10 +179,10 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
     // the token count), and more follow until the device has worked for half a second, so that
     // a GPU whose clocks dropped while the model loaded is back at speed (see
     // anygpu_core::bench::warm_up).
-    let dev_ref = lm.model.device();
+    let model_device = lm.model.device();
     if args.n_prompt > 0 {
         let mut cache = cache_at_depth(&lm.model, depth + args.n_prompt, depth)?;
-        warm_up(dev_ref, || pp(&lm.model, &mut cache, args.n_prompt, depth, 0))?;
+        warm_up(model_device, || pp(&lm.model, &mut cache, args.n_prompt, depth, 0))?;
         let v = (0..reps)
             .map(|r| pp(&lm.model, &mut cache, args.n_prompt, depth, r as u64 + 1))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
@@ -209,7 +209,7 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
         // whole runs: the first records the step.
         let ctx = args.model.ctx_size.unwrap_or(0);
         let mut cache = cache_at_depth(&lm.model, ctx.max(depth + args.n_gen + 1), depth)?;
-        warm_up(dev_ref, || tg(&lm.model, &mut cache, args.n_gen, depth, 0, false))?;
+        warm_up(model_device, || tg(&lm.model, &mut cache, args.n_gen, depth, 0, false))?;
         let v = (0..reps)
             .map(|r| tg(&lm.model, &mut cache, args.n_gen, depth, r as u64 + 1, true))
             .collect::<anygpu_core::Result<Vec<_>>>()?;

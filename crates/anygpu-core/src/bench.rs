@@ -1,9 +1,9 @@
 //! The kernel benchmark suite behind `anygpu bench ops`: each kernel at sizes that fill the
 //! device (small ones on the CPU backend and software rasterizers, so a full run stays under
-//! two minutes there), a warm-up of at least half a second (see [`WARM_UP_S`]), then the
-//! median of N runs, timed with GPU timestamps when the device has them (wall clock around a
-//! full sync otherwise). Each result carries GFLOP/s, GB/s, and the fraction of this device's
-//! own ceilings measured in the same run: its copy bandwidth and its best matmul.
+//! two minutes there), a warm-up (a first run, then half a second of runs: see [`warm_up`]),
+//! then the median of N runs, timed with GPU timestamps when the device has them (wall clock
+//! around a full sync otherwise). Each result carries GFLOP/s, GB/s, and the fraction of this
+//! device's own ceilings measured in the same run: its copy bandwidth and its best matmul.
 
 use std::time::Instant;
 
@@ -34,14 +34,14 @@ pub struct BenchResult {
 /// How long every benchmark keeps the device busy before it times anything (seconds). A GPU
 /// left idle for a few seconds (a model loading, a test uploading its weights) lowers its clocks,
 /// and raises them again only after a while of steady work: on the H100 its SM clock fell from
-/// 1,980 to 345 MHz after ~3 s with little to do and came back ~0.2 s into steady work, every
-/// kernel ~3.4x slower until then (BENCHMARKS.md, twenty-second session). One untimed run, as
+/// 1,980 to 345 MHz after ~3 s with little to do and came back ~0.2 s into steady work, kernels
+/// 3-5x slower until then (BENCHMARKS.md, twenty-second session). One untimed run, as
 /// llama-bench does, is not that while: a pp512 of SmolLM2 takes 7 ms there.
 pub const WARM_UP_S: f64 = 0.5;
 
 /// [`WARM_UP_S`], or `ANYGPU_BENCH_WARMUP_S` (read once; 0: a single untimed run, for
 /// comparisons).
-pub fn warm_up_seconds() -> f64 {
+fn warm_up_seconds() -> f64 {
     static V: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         std::env::var("ANYGPU_BENCH_WARMUP_S")
@@ -53,9 +53,9 @@ pub fn warm_up_seconds() -> f64 {
 }
 
 /// The untimed warm-up of a benchmark: `run` once (it compiles the kernels and fills the
-/// pools: host work, during which the GPU idles), then again until [`warm_up_seconds`] have
-/// passed since that first run ended, the device synced after each run so that the GPU works
-/// steadily rather than queueing. Returns the runs made. (Timed from the start instead, an 8B's
+/// pools: host work, during which the GPU idles), then again until [`WARM_UP_S`] seconds (or
+/// `ANYGPU_BENCH_WARMUP_S`) have passed since that first run ended, the device synced after
+/// each run so that the GPU works steadily rather than queueing. Returns the runs made. (Timed from the start instead, an 8B's
 /// first prefill, its kernels compiling, took most of the half second: one of three repetitions
 /// after it ran slow, pp512 6,718 ± 1,940.)
 pub fn warm_up<T>(dev: &Device, run: impl FnMut() -> Result<T>) -> Result<usize> {
@@ -63,7 +63,7 @@ pub fn warm_up<T>(dev: &Device, run: impl FnMut() -> Result<T>) -> Result<usize>
 }
 
 /// [`warm_up`] for at least `min` seconds after the first run.
-pub fn warm_up_for<T>(dev: &Device, min: f64, mut run: impl FnMut() -> Result<T>) -> Result<usize> {
+fn warm_up_for<T>(dev: &Device, min: f64, mut run: impl FnMut() -> Result<T>) -> Result<usize> {
     drop(run()?);
     dev.sync()?;
     let t0 = Instant::now();
@@ -311,7 +311,7 @@ mod tests {
         assert_eq!((made.unwrap(), runs), (1, 1));
 
         // A first run of 50 ms (compiling, say), then runs of at least 10 ms each for 0.2 s
-        // after it: more than one, and none begun after the time had passed (at most 20).
+        // after it: more than one, and none begun after the time had passed (at most 21).
         let t0 = std::time::Instant::now();
         let mut first = true;
         let made = warm_up_for(&Device::Cpu, 0.2, || -> crate::Result<()> {

@@ -617,13 +617,13 @@ fn rope_kv_decl(norm: bool, ff: bool, bias: bool) -> &'static str {
     })
 }
 
-/// The matvec source of `ty` with the rope epilogue's functions and the rope angle math
-/// appended (static per type, as [`type_source`]).
-fn rope_source(ty: GgmlType, q8: bool) -> &'static str {
-    static SOURCES: [[OnceLock<&'static str>; 13]; 2] = [const { [const { OnceLock::new() }; 13] }; 2];
+/// The matvec source `base` of `ty` with the rope epilogue's functions and the rope angle math
+/// appended (static per source and type, as [`type_source`]).
+fn rope_source(base: Source, ty: GgmlType) -> &'static str {
+    static SOURCES: [[OnceLock<&'static str>; 13]; 5] = [const { [const { OnceLock::new() }; 13] }; 5];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
-    SOURCES[q8 as usize][ti].get_or_init(|| {
-        let base = type_source(if q8 { Source::MatvecQ8 } else { Source::Matvec }, ty);
+    SOURCES[base as usize][ti].get_or_init(|| {
+        let base = type_source(base, ty);
         let text = format!("{base}\n{MATVEC_ROPE_WGSL}\n{ROPE_MATH_WGSL}\n");
         Box::leak(text.into_boxed_str())
     })
@@ -1814,11 +1814,15 @@ fn qmatmul_with(
     };
 
     let name = wgsl_name(ty);
-    // The weights as vec4s (the rope and combine kernels keep their word view).
-    let w_vec4 = kernel == QKernel::Matvec
-        && w_vec4_view(ty, q8, w.row_bytes(), &slices)
-        && !matches!(epi, Epilogue::RopeKv(_))
-        && combine.is_none();
+    // The matvec's text (the rope epilogue's appended to it): Q8 units where x comes as 8-bit
+    // blocks, their weights read as vec4s where the type and rows allow (the combine prologue
+    // has word units of its own).
+    let w_vec4 = kernel == QKernel::Matvec && combine.is_none() && w_vec4_view(ty, q8, w.row_bytes(), &slices);
+    let matvec_source = match (q8, w_vec4) {
+        (true, true) => Source::MatvecQ8Vec4,
+        (true, false) => Source::MatvecQ8,
+        (false, _) => Source::Matvec,
+    };
     // GLU and RopeKv pair two row slots per output row.
     let layout = MatvecLayout::new(OP, ty, rows, matvec_units(ty, cols, q8), epi, pro.staging(), &opts)?;
     let tpr = layout.tpr;
@@ -1836,11 +1840,9 @@ fn qmatmul_with(
                 }
             ),
             match (epi, pro) {
-                (Epilogue::RopeKv(_), _) => rope_source(ty, q8),
+                (Epilogue::RopeKv(_), _) => rope_source(matvec_source, ty),
                 (_, Prologue::Combine(_)) => combine_source(ty),
-                _ if w_vec4 => type_source(Source::MatvecQ8Vec4, ty),
-                _ if q8 => type_source(Source::MatvecQ8, ty),
-                _ => type_source(Source::Matvec, ty),
+                _ => type_source(matvec_source, ty),
             },
             "matvec",
         )

@@ -34,13 +34,15 @@ fn compile_pipeline(
     name: &str,
     entry: &'static str,
     source: String,
+    bounds_checks: bool,
 ) -> std::result::Result<wgpu::ComputePipeline, String> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     dump_kernel(name, entry, &source);
     let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
-    // SAFETY: the checks left out are the loop bound only, and our kernels' loops all end
-    // (see `runtime_checks`).
-    let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
+    // SAFETY: the checks left out are the loop bound, and our kernels' loops all end (see
+    // `runtime_checks`); and the bounds checks of kernels whose indices stay in range by
+    // design, on Vulkan only (`KernelSpec::bounded_by_design`).
+    let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks(bounds_checks)) };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(name),
         layout: None,
@@ -70,12 +72,22 @@ fn compile_pipeline(
 /// elements: wgpu caps a binding at `max_storage_buffer_binding_size`). A kernel with a `loop`
 /// or a `while` whose end depends on data must not be added without bringing the check back.
 /// `ANYGPU_LOOP_BOUNDING=1` (read once) does, for comparisons.
-fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+fn runtime_checks(bounds_checks: bool) -> wgpu::ShaderRuntimeChecks {
     static BOUNDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let bounded = *BOUNDED.get_or_init(|| std::env::var("ANYGPU_LOOP_BOUNDING").is_ok_and(|v| v == "1"));
     let mut checks = wgpu::ShaderRuntimeChecks::checked();
     checks.force_loop_bounding = bounded;
+    checks.bounds_checks = bounds_checks;
     checks
+}
+
+/// Whether a kernel is compiled with wgpu's bounds checks: always, except a kernel that is
+/// [`KernelSpec::bounded_by_design`] on Vulkan. `ANYGPU_BOUNDS_CHECKS=1` (read once) keeps
+/// them for every kernel, for comparisons and for hunting a wrong index.
+fn bounds_checks(spec: &KernelSpec, backend: &str) -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| std::env::var("ANYGPU_BOUNDS_CHECKS").is_ok_and(|v| v == "1"));
+    spec.index_checks || backend != "vulkan" || forced
 }
 
 /// Whether wgpu zeroes each workgroup's memory before the kernel runs: not for ours, which
@@ -460,12 +472,13 @@ impl GpuContext {
             return Ok(pipeline);
         }
         let source = spec.source_text(replacements);
+        let checked = bounds_checks(spec, &self.info.backend);
         let (device, name, entry) = (self.device.clone(), spec.name.clone(), spec.entry);
         let compile = move || {
             let t0 = std::time::Instant::now();
             // A panic in the driver or in wgpu must not leave waiters blocked forever.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                compile_pipeline(&device, &name, entry, source)
+                compile_pipeline(&device, &name, entry, source, checked)
             }))
             .unwrap_or_else(|_| Err("the compiler panicked".to_string()));
             if trace_pipelines() {

@@ -17,11 +17,28 @@ pub struct KernelSpec {
     pub entry: &'static str,
     /// WGSL text prepended to the source: `const` values, `enable f16;`, aliases.
     pub header: String,
+    /// Whether wgpu clamps this kernel's array indices (see [`KernelSpec::bounded_by_design`]).
+    pub index_checks: bool,
 }
 
 impl KernelSpec {
     pub fn new(name: impl Into<String>, source: &'static str, entry: &'static str) -> KernelSpec {
-        KernelSpec { name: name.into(), source, entry, header: String::new() }
+        KernelSpec { name: name.into(), source, entry, header: String::new(), index_checks: true }
+    }
+    /// Compiles the kernel without wgpu's bounds checks on Vulkan, for kernels whose every
+    /// workgroup and private array index is a tile offset that its own constants keep in range.
+    ///
+    /// With the checks, naga clamps each dynamic index into such an array (`min(i, len - 1)`),
+    /// which the prefill's tensor-core kernels pay for in their staging and drains (H100, 8B
+    /// Q4_0 pp512: the attention 3.92 -> 3.10 ms of a 60.9 ms prefill; 1B F16 pp512 ~41,000 ->
+    /// ~44,000 tok/s, its attention -23% and gate|up product -6%: BENCHMARKS.md, twenty-third
+    /// session). Only on Vulkan: there wgpu enables the driver's robust buffer access, so a
+    /// storage read past a binding (which some kernels make and leave unused: common.wgsl's
+    /// `u32_at`) stays inside the buffer without naga's clamp; on Metal, DX12 and GL naga's
+    /// checks are the only guard, and stay. `ANYGPU_BOUNDS_CHECKS=1` keeps them for every kernel.
+    pub fn bounded_by_design(mut self) -> KernelSpec {
+        self.index_checks = false;
+        self
     }
     /// Adds `const NAME: u32 = value;` to the header.
     pub fn constant_u32(mut self, name: &str, value: u32) -> KernelSpec {
@@ -57,6 +74,7 @@ pub struct PipelineKey {
     name: String,
     header: String,
     replacements: String,
+    index_checks: bool,
 }
 
 impl PipelineKey {
@@ -67,6 +85,7 @@ impl PipelineKey {
             name: spec.name.clone(),
             header: spec.header.clone(),
             replacements: replacements.iter().map(|(k, v)| format!("{k}={v};")).collect(),
+            index_checks: spec.index_checks,
         }
     }
 }

@@ -136,8 +136,11 @@ pub fn spec(d: usize, emulated: bool) -> KernelSpec {
     static SOURCES: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
     let text: &'static str = SOURCES[emulated as usize].get_or_init(|| source(emulated));
     let d = d as u32;
+    // Its tiles', scratch's and staged K / V registers' indices are offsets that BQ, BK, NT
+    // and D bound.
     let spec = KernelSpec::new(format!("attention_coop{}_d{d}", if emulated { "_emu" } else { "" }), text, "attention")
-        .with("enable f16;");
+        .with("enable f16;")
+        .bounded_by_design();
     let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
     spec.constant_u32("D", d)
 }

@@ -349,7 +349,10 @@ impl Plan {
 
     fn spec_as(&self, ty: GgmlType, emulated: bool) -> KernelSpec {
         let name = format!("qmatmul_coop{}_{}", if emulated { "_emu" } else { "" }, wgsl_name(ty));
-        let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul").with("enable f16;");
+        // Its tiles', scratch's and staged runs' indices are offsets the tile constants bound.
+        let spec = KernelSpec::new(name, source(ty, self.x, self.w_load, emulated), "matmul")
+            .with("enable f16;")
+            .bounded_by_design();
         let spec = match emulated {
             true => spec.with(crate::ops::COOP_EMU_WGSL),
             false => spec.with("enable wgpu_cooperative_matrix;"),

@@ -6,7 +6,8 @@
 //! Usage: run anygpu with `ANYGPU_DUMP_KERNELS=DIR`, then `kernel-stats DIR/*.wgsl`. Each file
 //! (`<name>.<entry>.<hash>.wgsl`) is compiled to SPIR-V by naga with the options wgpu uses on
 //! such a device (index bounds checks, buffers left to the robust-access hardware, no loop
-//! bound and no zeroing of workgroup memory, as anygpu asks), so the driver sees what it sees
+//! bound and no zeroing of workgroup memory, as anygpu asks; no bounds checks at all for a
+//! file whose first line says it was compiled without them), so the driver sees what it sees
 //! under anygpu.
 
 use std::ffi::{c_char, CStr};
@@ -58,8 +59,11 @@ fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, naga::Module), String> {
         .map_err(|e| format!("{e:?}"))?;
     let mut options =
         spv::Options { lang_version: (1, 6), capabilities: None, force_loop_bounding: false, ..Default::default() };
+    // A kernel anygpu compiles without bounds checks (gpu/context.rs, `dump_kernel`) gets
+    // none here either.
+    let checked = !src.starts_with("// anygpu: compiled without bounds checks");
     options.bounds_check_policies = naga::proc::BoundsCheckPolicies {
-        index: naga::proc::BoundsCheckPolicy::Restrict,
+        index: if checked { naga::proc::BoundsCheckPolicy::Restrict } else { naga::proc::BoundsCheckPolicy::Unchecked },
         buffer: naga::proc::BoundsCheckPolicy::Unchecked,
         image_load: naga::proc::BoundsCheckPolicy::Unchecked,
         binding_array: naga::proc::BoundsCheckPolicy::Unchecked,

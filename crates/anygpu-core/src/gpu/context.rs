@@ -37,7 +37,7 @@ fn compile_pipeline(
     bounds_checks: bool,
 ) -> std::result::Result<wgpu::ComputePipeline, String> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    dump_kernel(name, entry, &source);
+    dump_kernel(name, entry, &source, bounds_checks);
     let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
     // SAFETY: the checks left out are the loop bound, and our kernels' loops all end (see
     // `runtime_checks`); and the bounds checks of kernels whose indices stay in range by
@@ -105,9 +105,10 @@ fn zero_workgroup_memory() -> bool {
 
 /// `ANYGPU_DUMP_KERNELS=DIR`: each kernel's final WGSL (the header and sections as compiled)
 /// written to `DIR/<name>.<entry>.<hash>.wgsl`, for reading and for `tools/kernel-stats`
-/// (which asks the driver for the compiled kernel's register count). A failed write is logged,
-/// never fatal.
-fn dump_kernel(name: &str, entry: &str, source: &str) {
+/// (which asks the driver for the compiled kernel's register count). A kernel compiled without
+/// bounds checks starts with the line [`UNCHECKED_MARK`], which kernel-stats follows. A failed
+/// write is logged, never fatal.
+fn dump_kernel(name: &str, entry: &str, source: &str, bounds_checks: bool) {
     static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     let Some(dir) =
         DIR.get_or_init(|| std::env::var_os("ANYGPU_DUMP_KERNELS").filter(|d| !d.is_empty()).map(Into::into))
@@ -118,10 +119,14 @@ fn dump_kernel(name: &str, entry: &str, source: &str) {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     source.hash(&mut h);
     let file = dir.join(format!("{name}.{entry}.{:08x}.wgsl", h.finish() as u32));
-    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&file, source)) {
+    let text = if bounds_checks { source.to_string() } else { format!("{UNCHECKED_MARK}\n{source}") };
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&file, text)) {
         log::warn!("ANYGPU_DUMP_KERNELS: could not write {}: {e}", file.display());
     }
 }
+
+/// The first line of a dumped kernel compiled without bounds checks (tools/kernel-stats reads it).
+const UNCHECKED_MARK: &str = "// anygpu: compiled without bounds checks";
 
 /// `ANYGPU_TRACE_PIPELINES=1`: each kernel's compile time on stderr (a slow first run is
 /// mostly the driver compiling kernels; its shader cache makes later runs faster).

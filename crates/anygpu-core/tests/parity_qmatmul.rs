@@ -1227,6 +1227,21 @@ fn coop_kernel_matches_cpu_exactly() {
     eprintln!("coop kernel ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
+/// The bound that `coop_kernel_within_f16_rounding_of_cpu` (below) explains, for every output of
+/// x [n, cols] times W [rows, cols] (row-major f32 values): (2^-9 + 2^-20 + 3 · cols · 2^-23) ·
+/// Σ|x||w| per output, plus `slack`.
+fn f16_rounding_bound(xs: &[f32], wf: &[f32], cols: usize, slack: f32) -> Vec<f32> {
+    let k = 2f64.powi(-9) + 2f64.powi(-20) + 3.0 * cols as f64 * 2f64.powi(-23);
+    let mut bound = Vec::with_capacity(xs.len() / cols * (wf.len() / cols));
+    for xr in xs.chunks(cols) {
+        for wr in wf.chunks(cols) {
+            let s: f64 = xr.iter().zip(wr).map(|(a, b)| (a.abs() * b.abs()) as f64).sum();
+            bound.push((k * s) as f32 + slack);
+        }
+    }
+    bound
+}
+
 /// The coop kernel on random data against the CPU's f32 product, within the error that
 /// rounding x and w to f16 allows. Per output y = Σ x_k w_k, with S = Σ |x_k| |w_k|:
 /// - x̂ = x(1 + δ), ŵ = w(1 + ε) with |δ|, |ε| < 2^-10 (one f16 ulp: any rounding mode; 2^-11
@@ -1257,15 +1272,7 @@ fn coop_kernel_within_f16_rounding_of_cpu() {
                 let (want, bound) = want.get_or_insert_with(|| {
                     let y = w_cpu.qmatmul(&x_cpu).unwrap().to_vec_f32().unwrap();
                     let wf = dequantize_to_vec(ty, &bytes, rows * cols).unwrap();
-                    let k = 2f64.powi(-9) + 2f64.powi(-20) + 3.0 * cols as f64 * 2f64.powi(-23);
-                    let mut bound = Vec::with_capacity(n * rows);
-                    for xr in xs.chunks(cols) {
-                        for wr in wf.chunks(cols) {
-                            let s: f64 = xr.iter().zip(wr).map(|(a, b)| (a.abs() * b.abs()) as f64).sum();
-                            bound.push((k * s) as f32 + 1e-6);
-                        }
-                    }
-                    (y, bound)
+                    (y, f16_rounding_bound(&xs, &wf, cols, 1e-6))
                 });
                 let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
                 let got = qmatmul_opts(&w, &x_cpu.to_device(d).unwrap(), coop_opts(None))
@@ -1372,6 +1379,81 @@ fn coop_glu_epilogue_matches_composition() {
         }
     }
     eprintln!("coop GLU ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
+/// The RMSNorm prologue on the coop path (`qmatmul_glu_rms` and `qmatmul_rms` of many x rows):
+/// the norm applied as x is rounded to f16 for the kernel (`coop::x_to_f16`), one dispatch
+/// before the product and none of its own (the profile, where timestamps allow, shows only the
+/// product's), against the CPU's composition (norm, plain products, host SiLU). The only
+/// difference is x's rounding to f16, so each output must lie within
+/// `coop_kernel_within_f16_rounding_of_cpu`'s bound of its product (for the GLU output, that
+/// bound carried through silu(g) * u). Q4_0 (early-loaded), Q4_K and F16 (raw words), odd row
+/// counts (partial tiles), both x tiles; emulated where the device has no cooperative matrices.
+#[test]
+fn coop_norm_prologue_matches_composition() {
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let (f, rows, n, eps) = (67usize, 131usize, 130usize, 1e-5f32);
+    let mut ran = Vec::new();
+    for (ty, cols) in [(GgmlType::Q4_0, 160usize), (GgmlType::Q4K, 512), (GgmlType::F16, 104)] {
+        let gu_bytes = random_weights(ty.id() as u64 + 800, ty, 2 * f, cols);
+        let w_bytes = random_weights(ty.id() as u64 + 850, ty, rows, cols);
+        // A row scale far from 1 (the norm must be applied) and a weight of both signs.
+        let xs: Vec<f32> = rand_vec(81, n * cols).iter().map(|v| 7.0 * v).collect();
+        let gs = rand_vec(82, cols);
+        let x_cpu = Tensor::from_vec(xs, [n, cols], &Device::Cpu).unwrap();
+        let g_cpu = Tensor::from_vec(gs, [cols], &Device::Cpu).unwrap();
+        let xn = x_cpu.rms_norm(Some(&g_cpu), eps).unwrap().to_vec_f32().unwrap();
+        // Each product of the normalised x with its f16 rounding bound.
+        let products = |bytes: &[u8], r: usize| -> (Vec<f32>, Vec<f32>) {
+            let w = QTensor::from_vec(ty, r, cols, bytes.to_vec(), &Device::Cpu).unwrap();
+            let x = Tensor::from_vec(xn.clone(), [n, cols], &Device::Cpu).unwrap();
+            let y = w.qmatmul(&x).unwrap().to_vec_f32().unwrap();
+            let wf = dequantize_to_vec(ty, bytes, r * cols).unwrap();
+            (y, f16_rounding_bound(&xn, &wf, cols, 1e-5))
+        };
+        let (y, yb) = products(&w_bytes, rows);
+        let (gu, gub) = products(&gu_bytes, 2 * f);
+        let silu = |v: f64| v / (1.0 + (-v).exp());
+        let (mut glu, mut glub) = (Vec::new(), Vec::new());
+        for i in 0..n * f {
+            let (r, c) = (i / f, i % f);
+            let (g, u) = (gu[r * 2 * f + c] as f64, gu[r * 2 * f + f + c] as f64);
+            let (bg, bu) = (gub[r * 2 * f + c] as f64, gub[r * 2 * f + f + c] as f64);
+            glu.push((silu(g) * u) as f32);
+            // |silu'| <= 1.1; the second-order term bg * bu is far below the slack.
+            glub.push((1.1 * bg * (u.abs() + bu) + silu(g).abs() * bu) as f32 + 1e-5);
+        }
+        let within = |what: &str, got: &[f32], want: &[f32], bound: &[f32]| {
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (i, ((g, w), b)) in got.iter().zip(want).zip(bound).enumerate() {
+                assert!((g - w).abs() <= *b, "{what}: output {i}: got {g}, CPU {w}, bound {b}");
+            }
+        };
+        ran.extend(on_coop_devices(ty, |d, bx| {
+            let ctx = d.gpu().expect("a GPU device");
+            let x = x_cpu.to_device(d).unwrap();
+            let g = g_cpu.to_device(d).unwrap();
+            let norm = RmsNorm::new(&g, eps);
+            let w = QTensor::from_vec(ty, rows, cols, w_bytes.clone(), d).unwrap();
+            let what = format!("coop rms {ty} [{rows}, {cols}] n={n} BX={bx} on {}", d.name());
+            let (got, ops) =
+                ctx.profile_dispatches(|| w.qmatmul_rms(&x, norm)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            within(&what, &got.to_vec_f32().unwrap(), &y, &yb);
+            if let Some(ops) = &ops {
+                assert!(ops.iter().any(|o| o.0.starts_with("qmatmul x to f16")), "{what}: {ops:?}");
+            }
+            let gate_up = QTensor::from_vec(ty, 2 * f, cols, gu_bytes.clone(), d).unwrap();
+            let what = format!("coop GLU rms {ty} [{}, {cols}] n={n} BX={bx} on {}", 2 * f, d.name());
+            let (got, ops) = ctx
+                .profile_dispatches(|| gate_up.qmatmul_glu_opts(&x, Some(norm), coop_opts(None)))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got.dims(), &[n, f], "{what}");
+            within(&what, &got.to_vec_f32().unwrap(), &glu, &glub);
+            ops
+        }));
+    }
+    eprintln!("coop norm prologue ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
 /// The coop kernel's residual epilogue (`qmatmul_add` of many x rows): resid + x W^T in the

@@ -421,36 +421,92 @@ impl Plan {
 
 /// x [n, cols] (f32, contiguous from its buffer's element `offset`, a multiple of 4) rounded to
 /// f16 as the kernel's xvec section rounds it (clamped to ±65504), into a new f16 tensor for
-/// the `Half` access: one dispatch, a few µs against the product's hundreds.
-pub(super) fn x_to_f16(ctx: &GpuContext, x: &crate::Tensor) -> Result<crate::Tensor> {
+/// the `Half` access: one dispatch, a few µs against the product's hundreds. With `norm` =
+/// (weight [cols], eps) each row is RMS-normalised on the way (`rms_norm(x) * weight`, as
+/// ops/norm.wgsl computes it, then rounded): the prefill's norm and rounding in one dispatch
+/// instead of two, and no f32 copy of the normalised rows.
+pub(super) fn x_to_f16(
+    ctx: &GpuContext,
+    x: &crate::Tensor,
+    norm: Option<(&crate::Tensor, f32)>,
+) -> Result<crate::Tensor> {
     const OP: &str = "qmatmul x to f16";
     let len = x.numel();
+    let cols = x.dims().last().copied().unwrap_or(0);
     let out = crate::Tensor::gpu_empty(x.shape().clone(), crate::DType::F16, x.device())?;
     let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
     let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let offset = x.layout().offset;
-    if !len.is_multiple_of(8) || !offset.is_multiple_of(4) {
+    if !len.is_multiple_of(8) || !cols.is_multiple_of(8) || !offset.is_multiple_of(4) {
         return Err(Error::shape(OP, format!("{len} elements at offset {offset} are not whole runs of 8")));
     }
-    let spec = KernelSpec::new("qmatmul_x_f16", X_F16_WGSL, "main").with("enable f16;");
+    let u = |v: usize| to_u32(OP, v);
+    let Some((g, eps)) = norm else {
+        let spec = KernelSpec::new("qmatmul_x_f16", X_F16_WGSL, "main").with("enable f16;");
+        let pipeline = ctx.pipeline(&spec, &[])?;
+        let runs = u(len / 8)?;
+        let params = XF16Params { runs, off4: u(offset / 4)?, ..Default::default() };
+        let binds = [Bind::Whole(xbuf), Bind::Whole(obuf)];
+        ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(runs.div_ceil(256)))?;
+        return Ok(out);
+    };
+    if g.numel() != cols || g.dtype() != crate::DType::F32 || !g.device().same(x.device()) {
+        return Err(Error::shape(OP, format!("norm weight {} does not match {cols} columns", g.shape())));
+    }
+    let g = g.contiguous()?;
+    if !g.layout().offset.is_multiple_of(4) {
+        return Err(Error::Unsupported(format!("{OP}: a norm weight view off a 16-byte boundary")));
+    }
+    let gbuf = g.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "norm weight is not on a GPU"))?;
+    let rows = len / cols.max(1);
+    let spec = KernelSpec::new("qmatmul_x_f16_rms", X_F16_WGSL, "rms").with("enable f16;");
     let pipeline = ctx.pipeline(&spec, &[])?;
-    let runs = to_u32(OP, len / 8)?;
-    let params = [runs, to_u32(OP, offset / 4)?, 0, 0];
-    let binds = [Bind::Whole(xbuf), Bind::Whole(obuf)];
-    ctx.dispatch(&pipeline, OP, bytemuck::cast_slice(&params), &binds, ctx.grid_1d(runs.div_ceil(256)))?;
+    let params = XF16Params {
+        runs: u(len / 8)?,
+        off4: u(offset / 4)?,
+        rows: u(rows)?,
+        row_runs: u(cols / 8)?,
+        g_off4: u(g.layout().offset / 4)?,
+        eps,
+        ..Default::default()
+    };
+    let binds = [Bind::Whole(xbuf), Bind::Whole(obuf), Bind::Whole(gbuf)];
+    ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(params.rows))?;
     Ok(out)
 }
 
-const X_F16_WGSL: &str = "// x rounded to f16 for the coop kernel's xhalf section (quant/coop.rs, x_to_f16).
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct XF16Params {
+    runs: u32,
+    off4: u32,
+    rows: u32,
+    row_runs: u32,
+    g_off4: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+const X_F16_WGSL: &str = "// x rounded to f16 for the coop kernel's xhalf section (quant/coop.rs, x_to_f16); `rms`
+// RMS-normalises each row first.
 struct Params {
-    runs: u32,  // runs of 8 elements
-    off4: u32,  // x's first element / 4
+    runs: u32,     // runs of 8 elements
+    off4: u32,     // x's first element / 4
+    rows: u32,     // rms: rows of row_runs runs
+    row_runs: u32,
+    g_off4: u32,   // rms: the norm weight's first element / 4
+    eps: f32,
     _pad0: u32,
     _pad1: u32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> g: array<vec4<f32>>;
+
+fn to_f16(v: vec4<f32>) -> vec4<f16> {
+    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -458,9 +514,41 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (r >= p.runs) {
         return;
     }
-    let lim = vec4<f32>(65504.0);
-    y[2u * r] = vec4<f16>(clamp(x[p.off4 + 2u * r], -lim, lim));
-    y[2u * r + 1u] = vec4<f16>(clamp(x[p.off4 + 2u * r + 1u], -lim, lim));
+    y[2u * r] = to_f16(x[p.off4 + 2u * r]);
+    y[2u * r + 1u] = to_f16(x[p.off4 + 2u * r + 1u]);
+}
+
+var<workgroup> red: array<f32, 256>;
+
+// One workgroup per row: its sum of squares (f32, a tree over the invocations' partial sums, as
+// ops/norm.wgsl's rms_norm), then x * (1 / rms) * weight rounded to f16.
+@compute @workgroup_size(256)
+fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let xr = p.off4 + 2u * row * p.row_runs;
+    var ss = vec4<f32>(0.0);
+    for (var j = lid; j < p.row_runs; j += 256u) {
+        let a = x[xr + 2u * j];
+        let b = x[xr + 2u * j + 1u];
+        ss += a * a + b * b;
+    }
+    red[lid] = (ss.x + ss.y) + (ss.z + ss.w);
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            red[lid] = red[lid] + red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let inv_rms = inverseSqrt(red[0] / f32(8u * p.row_runs) + p.eps);
+    let yr = 2u * row * p.row_runs;
+    for (var j = lid; j < p.row_runs; j += 256u) {
+        y[yr + 2u * j] = to_f16(x[xr + 2u * j] * inv_rms * g[p.g_off4 + 2u * j]);
+        y[yr + 2u * j + 1u] = to_f16(x[xr + 2u * j + 1u] * inv_rms * g[p.g_off4 + 2u * j + 1u]);
+    }
 }
 ";
 

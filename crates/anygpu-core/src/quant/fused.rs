@@ -129,7 +129,7 @@ impl QTensor {
                 return y.reshape(resid.shape().clone());
             }
             // Prefill: the coop kernel's residual epilogue, where it runs the product.
-            if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Add(resid), opts)? {
+            if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Add(resid), None, opts)? {
                 return y.reshape(resid.shape().clone());
             }
         }
@@ -310,6 +310,10 @@ impl QTensor {
             if let Some(y) = qmatvec_fused(self, x, Epilogue::Store, prologue(Some(norm)), QOptions::default())? {
                 return Ok(y);
             }
+            let n = Some((norm.weight, norm.eps));
+            if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Store, n, QOptions::default())? {
+                return Ok(y);
+            }
         }
         self.qmatmul(&x.rms_norm(Some(norm.weight), norm.eps)?)
     }
@@ -340,6 +344,13 @@ impl QTensor {
         let normed;
         let x = match norm {
             Some(n) => {
+                // Prefill: the coop kernel's GLU epilogue, the norm applied as x is rounded.
+                if self.device().gpu().is_some() {
+                    let norm = Some((n.weight, n.eps));
+                    if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Glu, norm, opts)? {
+                        return Ok(y);
+                    }
+                }
                 normed = x.rms_norm(Some(n.weight), n.eps)?;
                 // The norm could not be fused (a wide row): the GLU epilogue still can.
                 if self.device().gpu().is_some() {
@@ -355,7 +366,7 @@ impl QTensor {
         let y = match self.device() {
             Device::Gpu(_) => {
                 // Prefill: the coop kernel's GLU epilogue, where it runs the product.
-                if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Glu, opts)? {
+                if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Glu, None, opts)? {
                     return Ok(y);
                 }
                 super::gpu::qmatmul_opts(self, x, opts)?
@@ -421,14 +432,22 @@ impl QTensor {
             {
                 return Ok(q);
             }
-            // A row too wide for the RMSNorm prologue: the norm runs on its own, the rope
-            // epilogue still can.
-            let normed = x.rms_norm(Some(norm.weight), norm.eps)?;
-            if let Some(q) = qmatvec_fused(self, &normed, Epilogue::RopeKv(&epi), Prologue::None, QOptions::default())?
-            {
-                return Ok(q);
+            // Prefill: the coop kernel's product, the norm applied as x is rounded (the rope
+            // and the KV store follow in a dispatch of their own).
+            let n = Some((norm.weight, norm.eps));
+            if let Some(y) = super::gpu::qmatmul_coop_epilogue(self, x, Epilogue::Store, n, QOptions::default())? {
+                y
+            } else {
+                // A row too wide for the RMSNorm prologue: the norm runs on its own, the rope
+                // epilogue still can.
+                let normed = x.rms_norm(Some(norm.weight), norm.eps)?;
+                if let Some(q) =
+                    qmatvec_fused(self, &normed, Epilogue::RopeKv(&epi), Prologue::None, QOptions::default())?
+                {
+                    return Ok(q);
+                }
+                self.qmatmul(&normed)?
             }
-            self.qmatmul(&normed)?
         } else {
             self.qmatmul_rms(x, norm)?
         };

@@ -1389,33 +1389,55 @@ pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
 
 /// The product of x [.., cols] with W through an epilogue of the coop prefill kernel in one
 /// dispatch: `Epilogue::Glu` (W a gate|up stack [2F, cols]: silu(gate) * up, [.., F]; the stack
-/// in one binding) or `Epilogue::Add` (plus the residual, shaped like the product). None where
-/// that kernel would not run the product (few x rows, a device without cooperative matrices, a
-/// type it does not take) or `ANYGPU_COOP_EPILOGUES=0`: the caller then applies the epilogue
-/// apart.
+/// in one binding), `Epilogue::Add` (plus the residual, shaped like the product) or, with a
+/// `norm`, `Epilogue::Store`. With `norm` = (weight [cols], eps) the product is of
+/// `rms_norm(x) * weight`, normalised as x is rounded to f16 for the kernel (`coop::x_to_f16`):
+/// no norm dispatch and no f32 copy of the normalised rows. None where that kernel would not
+/// run the product (few x rows, a device without cooperative matrices, a type it does not
+/// take), where a norm is asked and x would not go in as f16, or where
+/// `ANYGPU_COOP_EPILOGUES=0` / `ANYGPU_COOP_NORM=0` keep the epilogue / norm apart: the caller
+/// then applies them apart.
 pub(crate) fn qmatmul_coop_epilogue(
     w: &QTensor,
     x: &Tensor,
     epi: Epilogue<'_>,
+    norm: Option<(&Tensor, f32)>,
     opts: QOptions,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "qmatmul";
     let (_, ctx) = gpu_weights(OP, w)?;
-    let n = x.numel() / w.cols().max(1);
-    if kernel_for(&ctx, w.ggml_type(), n, &opts) != QKernel::Coop || epilogues_apart() || x.dtype() != DType::F32 {
+    let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
+    let n = x.numel() / cols.max(1);
+    if kernel_for(&ctx, ty, n, &opts) != QKernel::Coop || x.dtype() != DType::F32 {
         return Ok(None);
     }
-    let mut out_shape = x.dims().to_vec();
     let out_cols = match epi {
+        _ if norm.is_some() && norms_apart() => return Ok(None),
+        Epilogue::Glu | Epilogue::Add(_) if epilogues_apart() => return Ok(None),
         Epilogue::Glu if row_slices(OP, w, binding_limit(&ctx, &opts))?.len() > 1 => return Ok(None),
-        Epilogue::Glu => w.rows() / 2,
-        Epilogue::Add(_) => w.rows(),
+        Epilogue::Glu => rows / 2,
+        Epilogue::Add(_) => rows,
+        Epilogue::Store if norm.is_some() => rows,
         _ => return Ok(None),
     };
+    let x = x.contiguous()?;
+    if norm.is_some() {
+        // x's offset as qmatmul_with will see it (a quantized type's x is copied to a 16-byte
+        // boundary there).
+        let offset = if ty.is_quantized() && x.layout().offset % 4 != 0 { 0 } else { x.layout().offset };
+        if !super::coop::Plan::new(&ctx, ty, n, rows, cols, offset).is_ok_and(|p| p.x_half()) {
+            return Ok(None);
+        }
+    }
+    let mut out_shape = x.dims().to_vec();
     if let Some(last) = out_shape.last_mut() {
         *last = out_cols;
     }
-    qmatmul_with(w, x, n, out_shape, opts, epi, Prologue::None).map(Some)
+    let pro = match norm {
+        Some((g, eps)) => Prologue::RmsNorm(g, eps),
+        None => Prologue::None,
+    };
+    qmatmul_with(w, &x, n, out_shape, opts, epi, pro).map(Some)
 }
 
 /// The kernel of a product of `n` x rows: the one `opts` forces, else the matvec for a few rows
@@ -1433,6 +1455,13 @@ fn kernel_for(ctx: &GpuContext, ty: GgmlType, n: usize, opts: &QOptions) -> QKer
 fn epilogues_apart() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| std::env::var("ANYGPU_COOP_EPILOGUES").is_ok_and(|v| v == "0"))
+}
+
+/// `ANYGPU_COOP_NORM=0` (read once): the prefill's RMSNorm in a dispatch of its own before the
+/// product (and x rounded to f16 in another), for comparisons.
+fn norms_apart() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("ANYGPU_COOP_NORM").is_ok_and(|v| v == "0"))
 }
 
 /// The rope epilogue's buffers and params for one product.
@@ -1734,12 +1763,21 @@ fn qmatmul_with(
         }
         _ => None,
     };
+    // The coop kernel takes the RMSNorm prologue where x goes in as f16: the norm is applied
+    // as x is rounded (`coop::x_to_f16`).
+    let coop_norm = match (&coop_plan, pro) {
+        (Some(plan), Prologue::RmsNorm(g, e)) if plan.x_half() => Some((g, e)),
+        _ => None,
+    };
     let fused = !matches!(epi, Epilogue::Store) || !matches!(pro, Prologue::None);
-    // The coop kernel has the GLU and residual epilogues (no prologue); the matvec kernel every one.
-    let coop_epi = kernel == QKernel::Coop && matches!((epi, pro), (Epilogue::Glu | Epilogue::Add(_), Prologue::None));
+    // The coop kernel has the GLU and residual epilogues and that prologue; the matvec kernel
+    // every one.
+    let coop_epi = kernel == QKernel::Coop
+        && matches!(epi, Epilogue::Store | Epilogue::Glu | Epilogue::Add(_))
+        && (matches!(pro, Prologue::None) || coop_norm.is_some());
     if fused && ((kernel != QKernel::Matvec && !coop_epi) || (epi.paired() && slices.len() > 1)) {
         return Err(Error::Unsupported(format!(
-            "{OP}: fused epilogues need the matvec kernel (the coop kernel: GLU and residual only) and one binding"
+            "{OP}: fused epilogues need the matvec kernel (the coop kernel: GLU, residual and, with f16 x, RMSNorm only) and one binding"
         )));
     }
 
@@ -1808,7 +1846,7 @@ fn qmatmul_with(
     // (RoundedNorm stays: the kernel scales by its norm, and its name says so.)
     let (pro, norm) = match pro {
         Prologue::RoundedNorm(..) => (pro, None),
-        _ if q8 => (Prologue::None, None),
+        _ if q8 || coop_norm.is_some() => (Prologue::None, None),
         Prologue::Rounded(_) => (Prologue::None, None),
         other => (other, norm),
     };
@@ -1915,7 +1953,7 @@ fn qmatmul_with(
     let xq = xq_own.as_ref().map(|(b, w)| (b, *w)).or(rounded.map(|b| (b, words)));
     // The coop kernel's x as f16 (see coop::XAccess::Half).
     let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
-        true => Some(super::coop::x_to_f16(&ctx, &x)?),
+        true => Some(super::coop::x_to_f16(&ctx, &x, coop_norm)?),
         false => None,
     };
     let resid_buf = match &resid {

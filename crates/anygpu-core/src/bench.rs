@@ -55,9 +55,9 @@ fn warm_up_seconds() -> f64 {
 /// The untimed warm-up of a benchmark: `run` once (it compiles the kernels and fills the
 /// pools: host work, during which the GPU idles), then again until [`WARM_UP_S`] seconds (or
 /// `ANYGPU_BENCH_WARMUP_S`) have passed since that first run ended, the device synced after
-/// each run so that the GPU works steadily rather than queueing. Returns the runs made. (Timed from the start instead, an 8B's
-/// first prefill, its kernels compiling, took most of the half second: one of three repetitions
-/// after it ran slow, pp512 6,718 ± 1,940.)
+/// each run so that the GPU works steadily rather than queueing. Returns the runs made. (Timed
+/// from the start instead, an 8B's first prefill, its kernels compiling, took most of the half
+/// second: one of three repetitions after it ran slow, pp512 6,718 ± 1,940.)
 pub fn warm_up<T>(dev: &Device, run: impl FnMut() -> Result<T>) -> Result<usize> {
     warm_up_for(dev, warm_up_seconds(), run)
 }

@@ -89,9 +89,9 @@ fn pp(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64) -> 
 
 /// Decode speed over `n` tokens after the `depth` positions `cache` holds (rewound to them
 /// first, as for [`pp`]: every repetition replays the one recording of the decode step, as
-/// llama-bench's repetitions reuse one graph, and writes into memory an earlier run has used; a cache per
-/// repetition had timed each one's first use of freshly allocated memory). A timed run (not a
-/// warm-up) prints where its steps' time went.
+/// llama-bench's repetitions reuse one graph, and writes into memory an earlier run has used;
+/// a cache per repetition had timed each one's first use of freshly allocated memory). A timed
+/// run (not a warm-up) prints where its steps' time went.
 fn tg(model: &Llama, cache: &mut KvCache, n: usize, depth: usize, seed: u64, timed: bool) -> anygpu_core::Result<f64> {
     cache.truncate(depth);
     let mut id = tokens(1, model.config.n_vocab, seed)[0];

@@ -241,6 +241,12 @@ impl XAccess {
     }
 }
 
+/// Whether the kernel reads x [.., cols] that starts at element `x_offset` of its buffer as f16
+/// ([`XAccess::Half`]: [`x_to_f16`] rounds it first, and can normalise it on the way).
+pub(super) fn takes_half_x(cols: usize, x_offset: usize) -> bool {
+    XAccess::for_shape(cols, x_offset) == XAccess::Half
+}
+
 /// `ANYGPU_COOP_XF32=1` (read once): x read as f32 and rounded as staged, as before the f16
 /// copy (for A/B measurements).
 fn x_f32_forced() -> bool {
@@ -450,10 +456,7 @@ pub(super) fn x_to_f16(
         ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(runs.div_ceil(256)))?;
         return Ok(out);
     };
-    if g.numel() != cols || g.dtype() != crate::DType::F32 || !g.device().same(x.device()) {
-        return Err(Error::shape(OP, format!("norm weight {} does not match {cols} columns", g.shape())));
-    }
-    let g = g.contiguous()?;
+    let g = super::gpu::norm_weight(OP, g, cols, x)?;
     if !g.layout().offset.is_multiple_of(4) {
         return Err(Error::Unsupported(format!("{OP}: a norm weight view off a 16-byte boundary")));
     }

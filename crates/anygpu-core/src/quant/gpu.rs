@@ -1406,9 +1406,9 @@ pub(crate) fn qmatmul_coop_epilogue(
 ) -> Result<Option<Tensor>> {
     const OP: &str = "qmatmul";
     let (_, ctx) = gpu_weights(OP, w)?;
-    let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
+    let (rows, cols) = (w.rows(), w.cols());
     let n = x.numel() / cols.max(1);
-    if kernel_for(&ctx, ty, n, &opts) != QKernel::Coop || x.dtype() != DType::F32 {
+    if kernel_for(&ctx, w.ggml_type(), n, &opts) != QKernel::Coop || x.dtype() != DType::F32 {
         return Ok(None);
     }
     let out_cols = match epi {
@@ -1421,13 +1421,9 @@ pub(crate) fn qmatmul_coop_epilogue(
         _ => return Ok(None),
     };
     let x = x.contiguous()?;
-    if norm.is_some() {
-        // x's offset as qmatmul_with will see it (a quantized type's x is copied to a 16-byte
-        // boundary there).
-        let offset = if ty.is_quantized() && x.layout().offset % 4 != 0 { 0 } else { x.layout().offset };
-        if !super::coop::Plan::new(&ctx, ty, n, rows, cols, offset).is_ok_and(|p| p.x_half()) {
-            return Ok(None);
-        }
+    // The norm rides on x's rounding to f16, which x gets only where its rows allow.
+    if norm.is_some() && !super::coop::takes_half_x(cols, x.layout().offset) {
+        return Ok(None);
     }
     let mut out_shape = x.dims().to_vec();
     if let Some(last) = out_shape.last_mut() {
@@ -1530,7 +1526,7 @@ impl<'a> RopeKvBinds<'a> {
 }
 
 /// The RMSNorm weight `g` of rows of `cols` elements, checked (f32, on x's device) and contiguous.
-fn norm_weight(op: &'static str, g: &Tensor, cols: usize, x: &Tensor) -> Result<Tensor> {
+pub(super) fn norm_weight(op: &'static str, g: &Tensor, cols: usize, x: &Tensor) -> Result<Tensor> {
     if g.numel() != cols || g.dtype() != DType::F32 || !g.device().same(x.device()) {
         return Err(Error::shape(op, format!("norm weight {} does not match {cols} columns", g.shape())));
     }

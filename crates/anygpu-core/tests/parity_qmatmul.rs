@@ -1086,8 +1086,23 @@ struct CoopReset;
 impl Drop for CoopReset {
     fn drop(&mut self) {
         anygpu_core::quant::coop::set_tile_override(None);
+        anygpu_core::quant::coop::set_w_tile_override(None);
         anygpu_core::quant::coop::set_emulated(false);
     }
+}
+
+/// The coop tiles (x rows, W rows) a device can run: BX = 64 and 128 by 128 W rows, and the
+/// wide tile (128 by 192 W rows, where the plan allows it: K 64, no GLU; else the override
+/// falls back to 128 rows). Emulated, BX = 128 needs 40 KiB of workgroup memory and the wide
+/// tile 45 KiB (lavapipe: 32), which real cooperative matrices need as well, plus the scratch.
+fn coop_tiles(ctx: &anygpu_core::gpu::GpuContext, emulated: bool) -> Vec<(u32, u32)> {
+    let limit = ctx.caps.max_compute_workgroup_storage_size;
+    let needs = |bytes: u32| !emulated || limit >= bytes;
+    [(64, 128, 0), (128, 128, 40960), (128, 192, 46080)]
+        .into_iter()
+        .filter(|&(_, _, bytes)| needs(bytes))
+        .map(|(bx, bw, _)| (bx, bw))
+        .collect()
 }
 
 fn coop_opts(max_binding: Option<u64>) -> QOptions {
@@ -1131,16 +1146,18 @@ fn f16_exact_x(seed: u64, n: usize) -> Vec<f32> {
 /// sum (at most 512 terms: < 2^15) then fits f32's 24 bits, so both sides compute the exact
 /// sum whatever the order or the rounding mode. Any indexing slip (a lost column, a wrong row,
 /// a stale buffer) changes an output by at least 2^-9, above the 1e-3 allowed. For every type:
-/// both x tiles (64, 128), odd shapes (rows 260: two whole W tiles, which leave straight from
-/// the accumulators where their x tile is whole too, and a third of 4 rows, which leaves through
-/// the scratch; n 130 and 5), one binding and row slices of ~48 rows (the x rows then come in
-/// chunks too, at offsets inside their bindings), and the default kernel choice.
+/// both x tiles (64, 128) and the wide W tile (192 rows), odd shapes (rows 260: two whole
+/// 128-row W tiles, which leave straight from the accumulators where their x tile is whole too,
+/// and a third of 4 rows, which leaves through the scratch; or a whole 192-row tile and one of
+/// 68 rows, which drains through the wide tile's scratch slots in turns; n 130 and 5), one
+/// binding and row slices of ~48 rows (the x rows then come in chunks too, at offsets inside
+/// their bindings), and the default kernel choice.
 ///
 /// On devices with cooperative matrices the kernel runs as it is; elsewhere (lavapipe) forcing
 /// it must fail with `Unsupported` and the reason, and the kernel runs with the cooperative
 /// matrices emulated (`coop::set_emulated`) for Q4_0, Q4_K and F16 (97 columns): everything but
-/// the coop operations themselves, whose conventions are those of ops/matmul_coop.wgsl; BX = 64
-/// only where the 40 KiB that BX = 128 needs even emulated are not available (lavapipe: 32).
+/// the coop operations themselves, whose conventions are those of ops/matmul_coop.wgsl; the
+/// tiles that fit the device's workgroup memory ([`coop_tiles`]; lavapipe: BX = 64 only).
 #[test]
 fn coop_kernel_matches_cpu_exactly() {
     use anygpu_core::quant::coop;
@@ -1190,18 +1207,24 @@ fn coop_kernel_matches_cpu_exactly() {
                         if emulated && ctx.caps.cooperative_matrix {
                             continue; // ran as it is
                         }
-                        // Emulated BX = 128 needs 40 KiB of workgroup memory (lavapipe: 32).
-                        let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
-                        for bx in if wide { vec![64, 128] } else { vec![64] } {
+                        for (bx, bw) in coop_tiles(ctx, emulated) {
                             coop::set_tile_override(Some(bx));
+                            coop::set_w_tile_override(Some(bw));
                             for limit in [None, Some(sliced)] {
                                 let got = qmatmul_opts(&w, &x, coop_opts(limit)).and_then(|y| y.to_vec_f32());
-                                let got = got.unwrap_or_else(|e| panic!("{what} BX={bx} {limit:?}: {e}"));
-                                check_close(&format!("{what} BX={bx} binding {limit:?}"), &got, &want, 1e-3, 0.0)
-                                    .unwrap_or_else(|m| panic!("{m}"));
+                                let got = got.unwrap_or_else(|e| panic!("{what} BX={bx} BW={bw} {limit:?}: {e}"));
+                                check_close(
+                                    &format!("{what} BX={bx} BW={bw} binding {limit:?}"),
+                                    &got,
+                                    &want,
+                                    1e-3,
+                                    0.0,
+                                )
+                                .unwrap_or_else(|m| panic!("{m}"));
                             }
                         }
                         coop::set_tile_override(None);
+                        coop::set_w_tile_override(None);
                         let got = w.qmatmul(&x).unwrap().to_vec_f32().unwrap();
                         check_close(&format!("{what} default kernel"), &got, &want, 1e-3, 0.0)
                             .unwrap_or_else(|m| panic!("{m}"));
@@ -1305,7 +1328,8 @@ fn validate_coop_wgsl(src: &str, emulated: bool) -> std::result::Result<(), Stri
 }
 
 /// Runs `f(device, x tile)` on every GPU device that can run the coop kernel for `ty`
-/// (emulated where it has no cooperative matrices) for each x tile that fits it, then checks
+/// (emulated where it has no cooperative matrices) for each tile that fits it ([`coop_tiles`];
+/// `f` is told the x tile; the wide W tile applies where the product allows it), then checks
 /// that the profile `f` returns (where the device has timestamps) holds only the product's own
 /// dispatches; returns where it ran.
 fn on_coop_devices(
@@ -1322,14 +1346,16 @@ fn on_coop_devices(
             coop::set_emulated(false);
             continue;
         }
-        let wide = !emulated || ctx.caps.max_compute_workgroup_storage_size >= 40960;
-        for bx in if wide { vec![64, 128] } else { vec![64] } {
+        for (bx, bw) in coop_tiles(ctx, emulated) {
             coop::set_tile_override(Some(bx));
+            coop::set_w_tile_override(Some(bw));
             if let Some(ops) = f(d, bx) {
-                assert!(ops.iter().all(|o| o.0.starts_with("qmatmul")), "{ty} BX={bx} on {}: {ops:?}", d.name());
+                let what = format!("{ty} BX={bx} BW={bw} on {}", d.name());
+                assert!(ops.iter().all(|o| o.0.starts_with("qmatmul")), "{what}: {ops:?}");
             }
         }
         coop::set_tile_override(None);
+        coop::set_w_tile_override(None);
         coop::set_emulated(false);
         ran.push(format!("{ty} on {}{}", d.name(), if emulated { " emulated" } else { "" }));
     }
@@ -1458,7 +1484,8 @@ fn coop_norm_prologue_matches_composition() {
 
 /// The coop kernel's residual epilogue (`qmatmul_add` of many x rows): resid + x W^T in the
 /// product's own dispatch, exactly the CPU's on f16-exact data (residuals multiples of 1/8),
-/// for Q4_0 (loaded early), Q3_K (late) and F16, both x tiles, one binding and row slices of
+/// for Q4_0 (loaded early), Q3_K (late) and F16, both x tiles and the wide W tile (Q4_0, F16:
+/// a whole 192-row tile and a partial one, drained in turns), one binding and row slices of
 /// ~48 rows (the residual's offset per slice), emulated where the device has no cooperative
 /// matrices. Where timestamps allow, the profile shows no separate add dispatch.
 #[test]
@@ -1498,17 +1525,18 @@ fn coop_add_epilogue_matches_composition() {
 }
 
 /// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 3
-/// epilogues, for each W loader a type has) parses,
+/// epilogues, and the wide W tile's, for each W loader a type has) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
 /// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
 /// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    // 72 per (type, loader): two x tiles, two K steps, three x accesses, three epilogues (none,
-    // GLU, residual), real and emulated. F16 has two loaders (raw words, decoded), the seven
+    // 84 per (type, loader): two x tiles, two K steps, three x accesses, three epilogues (none,
+    // GLU, residual), real and emulated (72), and the wide W tile beside BX = 128 and K 64 for
+    // the two epilogues it takes (12). F16 has two loaders (raw words, decoded), the seven
     // types whose runs lie in a few words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 72);
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 84);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

@@ -16,7 +16,8 @@
 //!
 //! # Tiles
 //!
-//! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows and walks K 64 at a time
+//! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows (or 192: the wide tile,
+//! [`WIDE_BW`], where a product has the workgroups to spare) and walks K 64 at a time
 //! through one buffer where W runs are loaded before the products, 32 at a time through two
 //! otherwise ([`step_k`]; at most 48 KiB of workgroup memory, see the WGSL header). BX = 128
 //! decodes each W tile for twice the x rows, but for n = 512 gives only 4 x tiles: shapes with
@@ -31,9 +32,9 @@
 //! from the accumulators: see the WGSL header), 6-28 on SmolLM2's 576-wide ones, which fill a
 //! fraction of the GPU; ~10-12 for the tiled f32 kernel. `ANYGPU_COOP_XF32=1`,
 //! `ANYGPU_COOP_WLATE=1` and `ANYGPU_COOP_DIRECT=0` (read once) bring back the f32 x runs, the
-//! late W loads and the drain of every tile through workgroup memory, for comparisons. Bigger
-//! (W 256 rows, 64 x 64 per subgroup) and smaller (128 invocations) workgroup tiles lost by
-//! 1.4-2x (BENCHMARKS.md, tenth session).
+//! late W loads and the drain of every tile through workgroup memory, for comparisons;
+//! `ANYGPU_COOP_BW=128|192` forces the W tile. Bigger still (W 256 rows, 64 x 64 per subgroup)
+//! and smaller (128 invocations) workgroup tiles lost by 1.4-2x (BENCHMARKS.md, tenth session).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -47,8 +48,25 @@ use crate::ops::to_u32;
 const OP: &str = "qmatmul";
 const COOP_WGSL: &str = include_str!("matmul_coop.wgsl");
 
-/// W rows per workgroup tile (BW in the kernel).
+/// W rows per workgroup tile (BW in the kernel): 128, or [`WIDE_BW`] for the wide tile.
 const BW: usize = 128;
+
+/// W rows of the wide tile: BX = 128 by 192 W rows (each subgroup 64 x 48: three B matrices
+/// against four A, 12 accumulators), K 64 at a time through one buffer. Its tiles take all but
+/// 3 KiB of the 48 KiB, so edge tiles drain through a scratch of three slots in turns (the
+/// WGSL's `turn8`), and it never carries the GLU epilogue (whose drain pairs every accumulator
+/// through the scratch). Per flop it stages a sixth fewer rows and loads a fifth fewer
+/// matrices: H100, n = 512, Q4_0 [24576, 4096] 724-731 -> 597-649 us, F16 640-643 -> 565-580;
+/// and a grid of fewer, longer workgroups where the 128-row one leaves most of a last round
+/// idle: Q4_0 [6144, 4096] (the 8B's Q|K|V, 192 -> 128 workgroups) 255-262 -> 176-184 us.
+const WIDE_BW: usize = 192;
+
+/// From this many workgroups of the wide tile on, a product takes it (the shape's other
+/// conditions met, see `Plan::new`). Below, it would leave SMs idle that the 128-row tile's
+/// 1.5x as many workgroups fill: H100 (132 SMs), n = 512, Q4_0 [4096, 4096] (88 wide
+/// workgroups) 134-137 -> 165-174 us. 128 is about one workgroup per SM of an H100; GPUs with
+/// fewer SMs run more rounds of either grid, where the wide tile's lower cost per flop counts.
+pub const WIDE_MIN_GROUPS: usize = 128;
 
 /// Below this many workgroups of the BX = 128 tile, the BX = 64 one is used. Measured on an
 /// H100 (132 SMs) at n = 512 (`coop_prefill_speed`, BENCHMARKS.md): BX = 128 wins from 96
@@ -56,15 +74,27 @@ const BW: usize = 128;
 /// 2048, 64 workgroups: 90 vs 117 us).
 pub const MIN_WIDE_GROUPS: usize = 96;
 
-/// Workgroup memory of the kernel for x tiles of `bx` rows: two buffers of the X and W tiles
-/// (rows of 32 + 8 halves) and the 8 KiB f32 scratch (private memory when emulated).
-fn workgroup_bytes(bx: u32, bk: u32) -> u32 {
-    (64 / bk) * (bx + BW as u32) * (bk + 8) * 2 + if emulated() { 0 } else { 8192 }
+/// f32 slots of 16 x 16 in the kernel's scratch for a W tile of `bw` rows: one per subgroup, or
+/// three taken in turns beside the wide tile's (`SCR` in the kernel is this times 256).
+fn scratch_slots(bw: usize) -> u32 {
+    if bw == WIDE_BW {
+        3
+    } else {
+        8
+    }
+}
+
+/// Workgroup memory of the kernel for x tiles of `bx` rows by W tiles of `bw` rows: one (K 64)
+/// or two (K 32) buffers of the X and W tiles (rows of K + 8 halves) and the f32 scratch
+/// (private memory when emulated).
+fn workgroup_bytes(bx: u32, bk: u32, bw: usize) -> u32 {
+    let scratch = if emulated() { 0 } else { scratch_slots(bw) * 1024 };
+    (64 / bk) * (bx + bw as u32) * (bk + 8) * 2 + scratch
 }
 
 /// Workgroup memory of the smallest configuration (BX = 64 and the K step that needs least).
 fn smallest_tiles() -> u32 {
-    workgroup_bytes(64, 32).min(workgroup_bytes(64, 64))
+    workgroup_bytes(64, 32, BW).min(workgroup_bytes(64, 64, BW))
 }
 
 /// K per step for W staged by `load`: 64 through one buffer where W runs are loaded before the
@@ -154,33 +184,64 @@ pub(super) fn prefill_kernel(ctx: &GpuContext, ty: GgmlType, n: usize) -> QKerne
     }
 }
 
-/// A test's forced tile (64 or 128), or `u32::MAX`: `ANYGPU_QMATMUL_TILE` decides (0 when
-/// unset: chosen by shape).
-static TILE_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
+/// A tile size forced by a test (`set`), else by the environment variable `var` (read once
+/// into `env`), else 0 (chosen by shape). Only the two sizes in `allowed` are taken.
+struct TileOverride {
+    set: AtomicU32,
+    env: OnceLock<u32>,
+    var: &'static str,
+    allowed: [u32; 2],
+}
+
+impl TileOverride {
+    const fn new(var: &'static str, allowed: [u32; 2]) -> TileOverride {
+        TileOverride { set: AtomicU32::new(u32::MAX), env: OnceLock::new(), var, allowed }
+    }
+
+    fn force(&self, v: Option<u32>) {
+        self.set.store(v.filter(|v| self.allowed.contains(v)).unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u32 {
+        let v = self.set.load(Ordering::Relaxed);
+        if v != u32::MAX {
+            return v;
+        }
+        *self.env.get_or_init(|| {
+            let v = std::env::var(self.var).unwrap_or_default();
+            match v.parse() {
+                Ok(n) if self.allowed.contains(&n) => n,
+                _ if v.is_empty() => 0,
+                _ => {
+                    let [a, b] = self.allowed;
+                    log::warn!("{}={v:?} is not {a} or {b}; ignored", self.var);
+                    0
+                }
+            }
+        })
+    }
+}
+
+/// The x tile: `ANYGPU_QMATMUL_TILE=64|128`.
+static X_TILE: TileOverride = TileOverride::new("ANYGPU_QMATMUL_TILE", [64, 128]);
+
+/// The W tile: `ANYGPU_COOP_BW=128|192`.
+static W_TILE: TileOverride = TileOverride::new("ANYGPU_COOP_BW", [128, 192]);
 
 /// Forces the x tile of later coop products (`Some(64 | 128)`), or returns the choice to
 /// `ANYGPU_QMATMUL_TILE` and the shape (`None`). For tests and benchmarks; it applies
 /// process-wide, so tests that use it take turns.
 #[doc(hidden)]
 pub fn set_tile_override(bx: Option<u32>) {
-    TILE_OVERRIDE.store(bx.filter(|b| *b == 64 || *b == 128).unwrap_or(u32::MAX), Ordering::Relaxed);
+    X_TILE.force(bx);
 }
 
-fn tile_override() -> u32 {
-    let v = TILE_OVERRIDE.load(Ordering::Relaxed);
-    if v != u32::MAX {
-        return v;
-    }
-    static ENV: OnceLock<u32> = OnceLock::new();
-    *ENV.get_or_init(|| match std::env::var("ANYGPU_QMATMUL_TILE").ok().as_deref() {
-        Some("64") => 64,
-        Some("128") => 128,
-        None | Some("") => 0,
-        Some(v) => {
-            log::warn!("ANYGPU_QMATMUL_TILE={v:?} is not 64 or 128; ignored");
-            0
-        }
-    })
+/// Forces the W tile of later coop products (`Some(128 | 192)`; 192 where the plan allows it:
+/// BX = 128, K 64, no GLU, the memory), or returns the choice to `ANYGPU_COOP_BW` and the
+/// shape (`None`). For tests and benchmarks, process-wide as [`set_tile_override`].
+#[doc(hidden)]
+pub fn set_w_tile_override(bw: Option<u32>) {
+    W_TILE.force(bw);
 }
 
 /// How one product runs on the coop kernel: the x tile and x's access, fixed for the call.
@@ -188,6 +249,8 @@ fn tile_override() -> u32 {
 pub(super) struct Plan {
     /// x rows per workgroup tile: 64 or 128.
     bx: u32,
+    /// W rows per workgroup tile: 128, or [`WIDE_BW`] (only with BX = 128 and K 64, no GLU).
+    bw: usize,
     /// K per step: 32 or 64.
     bk: u32,
     /// How x is read.
@@ -320,22 +383,30 @@ impl Plan {
         let limit = ctx.caps.max_compute_workgroup_storage_size;
         // The other K step where the preferred one does not fit (one does: see unsupported_reason).
         let bk = match step_k(w_load) {
-            k if workgroup_bytes(64, k) > limit => 96 - k,
+            k if workgroup_bytes(64, k, BW) > limit => 96 - k,
             k => k,
         };
-        let wide_fits = workgroup_bytes(128, bk) <= limit;
-        let bx = match tile_override() {
+        let wide_fits = workgroup_bytes(128, bk, BW) <= limit;
+        let bx = match X_TILE.get() {
             128 if wide_fits => 128,
             64 | 128 => 64,
             _ if wide_fits && n >= 128 && n.div_ceil(128) * rows.div_ceil(BW) >= MIN_WIDE_GROUPS => 128,
             _ => 64,
         };
-        Ok(Plan { bx, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false })
+        let wide_w_fits = bx == 128 && bk == 64 && workgroup_bytes(128, 64, WIDE_BW) <= limit;
+        let bw = match W_TILE.get() {
+            192 if wide_w_fits => WIDE_BW,
+            128 | 192 => BW,
+            _ if wide_w_fits && n.div_ceil(128) * rows.div_ceil(WIDE_BW) >= WIDE_MIN_GROUPS => WIDE_BW,
+            _ => BW,
+        };
+        Ok(Plan { bx, bw, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false })
     }
 
-    /// This plan with the GLU epilogue: the output is silu(gate) * up of the gate|up stack.
+    /// This plan with the GLU epilogue: the output is silu(gate) * up of the gate|up stack (on
+    /// the 128-row W tile: see [`WIDE_BW`]).
     pub(super) fn with_glu(self) -> Plan {
-        Plan { glu: true, ..self }
+        Plan { glu: true, bw: BW, ..self }
     }
 
     /// This plan with the residual epilogue: the output is the product plus a residual.
@@ -365,6 +436,8 @@ impl Plan {
         };
         let spec = spec
             .constant_u32("BX", self.bx)
+            .constant_u32("BWC", self.bw as u32)
+            .constant_u32("SCR", scratch_slots(self.bw) * 256)
             .constant_u32("KB", self.bk)
             .constant_u32("GLU", self.glu as u32)
             .constant_u32("ADD", self.add as u32);
@@ -400,7 +473,7 @@ impl Plan {
         let u = |v: usize| to_u32(OP, v);
         let tiles_x = d.n.div_ceil(self.bx as usize);
         // Under GLU a tile holds the gate and up rows of BW / 2 output columns.
-        let tiles_w = if self.glu { (d.rows / 2).div_ceil(BW / 2) } else { d.rows.div_ceil(BW) };
+        let tiles_w = if self.glu { (d.rows / 2).div_ceil(BW / 2) } else { d.rows.div_ceil(self.bw) };
         let groups = tiles_x.checked_mul(tiles_w).ok_or_else(|| Error::shape(OP, "grid overflows"))?;
         let params = CoopParams {
             rows: u(d.rows)?,
@@ -716,10 +789,16 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
                 }) {
                     for emulated in [false, true] {
                         for (glu, add) in [(false, false), (true, false), (false, true)] {
-                            let spec = Plan { bx, bk, x, w_load, glu, add }.spec_as(ty, emulated);
-                            let label =
-                                format!("{} BX={bx} BK={bk} x={x:?} w_load={w_load:?} glu={glu} add={add}", spec.name);
-                            v.push((label, spec.source_text(&[]), emulated));
+                            // The wide W tile: BX = 128, K 64, no GLU only.
+                            let wide = bx == 128 && bk == 64 && !glu;
+                            for bw in if wide { vec![BW, WIDE_BW] } else { vec![BW] } {
+                                let spec = Plan { bx, bw, bk, x, w_load, glu, add }.spec_as(ty, emulated);
+                                let label = format!(
+                                    "{} BX={bx} BW={bw} BK={bk} x={x:?} w_load={w_load:?} glu={glu} add={add}",
+                                    spec.name
+                                );
+                                v.push((label, spec.source_text(&[]), emulated));
+                            }
                         }
                     }
                 }

@@ -13,8 +13,10 @@
 // which is the output's own layout (`out_off + x row * out_stride + W row`).
 //
 // One workgroup of 256 invocations (8 subgroups of 32) owns BX x rows (64 or 128, the host's
-// choice) by BW = 128 W rows. The subgroups form a 2 x 4 grid, each owning BX/2 x rows by 32 W
-// rows: XV x 2 accumulators (XV = BX/32: 2 or 4 A matrices against 2 B matrices). K advances BK
+// choice) by BW W rows (128; or 192, the host's wide tile, with BX = 128 and BK = 64, never under
+// GLU). The subgroups form a 2 x 4 grid, each owning BX/2 x rows by BW/4 W rows: XV x WB
+// accumulators (XV = BX/32: 2 or 4 A matrices against WB = BW/64: 2 or 3 B matrices; the wide
+// tile stages a sixth fewer rows and loads a fifth fewer matrices per product). K advances BK
 // at a time (the host's KB): 32 through double-buffered workgroup tiles, one barrier per step,
 // or 64 through single-buffered ones, two barriers per step (the host's choice where W runs are
 // loaded before the products: twice the loads in flight across a step's products).
@@ -34,17 +36,19 @@
 // B (B[k][n] = W[n][k] sits at n * SK + k: coopLoad). The arrays hold vec4<f16>, so a run of 8
 // is two of them and the matrix loads' stride counts vec4s (SK4 = SK / 4). A tile row holds
 // RPR = BK / 8 runs; invocation i stages runs at rows i / RPR + j RSTEP (RSTEP = 256 / RPR),
-// columns 8 (i % RPR) ..: RX of the X tile (1, 2 or 4) and RW of the W tile (2 or 4).
+// columns 8 (i % RPR) ..: RX of the X tile (1, 2 or 4) and RW of the W tile (2, 4 or 6).
 //
-// Workgroup memory: NB buffers (2 for BK = 32, 1 for 64) x (BX + 128) rows x SK halves + an
-// 8 KiB f32 scratch (one 16 x 16 matrix per subgroup): 48 KiB for BX = 128 and BK = 32, 44 KiB
-// for BK = 64.
+// Workgroup memory: NB buffers (2 for BK = 32, 1 for 64) x (BX + BW) rows x SK halves + an f32
+// scratch of SCR floats: 8 KiB (one 16 x 16 matrix per subgroup) beside the 128-row W tile, 48
+// KiB in all for BX = 128 and BK = 32, 44 KiB for BK = 64; beside the wide tile (45 KiB of
+// tiles) the 3 KiB left, three matrices that the subgroups take in turns (`turn8`).
 //
 // Edges: x rows past n, W rows past `rows` and columns past `cols` are staged as zeros (quantized
 // rows are whole 32-weight blocks, so only F16 rows end mid-step); outputs past them are not
 // written. Tiles wholly inside the output store their accumulators straight to it (coopStoreT,
 // row-major; the residual epilogue's residual is loaded into them first), the others and the
-// GLU's through the scratch, from which each invocation writes 8 outputs of one x row.
+// GLU's through the scratch, from which each invocation writes 8 outputs of one x row (the wide
+// tile's edge tiles one accumulator at a time, the subgroups taking turns).
 //
 // GLU epilogue (the host's GLU = 1, for the FFN's gate|up stack of 2f rows): each W tile holds
 // the gate and up rows of 64 output columns, so that a subgroup's accumulators pair them, and
@@ -147,7 +151,8 @@ fn mask4(v: vec4<f16>, n: u32) -> vec4<f16> {
 
 {{W_LOADER}}
 
-const BW: u32 = 128u;
+const BW: u32 = BWC;
+const WB: u32 = BW / 64u;      // B matrices per subgroup: 2 or 3
 // K per step (the host's KB): 32 through two buffers (one barrier per step), or 64 through one
 // (two barriers per step, and twice the loads in flight across a step's products).
 const BK: u32 = KB;
@@ -157,14 +162,14 @@ const SK4: u32 = SK / 4u;
 const RPR: u32 = BK / 8u;       // runs per tile row
 const RSTEP: u32 = 256u / RPR;  // tile rows from one of an invocation's runs to its next
 const RX: u32 = BX / RSTEP;     // x runs per invocation: 1, 2 or 4
-const RW: u32 = BW / RSTEP;     // W runs per invocation: 2 or 4
+const RW: u32 = BW / RSTEP;     // W runs per invocation: 2, 4 or 6
 const XV: u32 = BX / 32u;       // A matrices per subgroup
 const SX4: u32 = BX * SK4;      // vec4s per buffered X tile
 const SW4: u32 = BW * SK4;      // vec4s per buffered W tile
 
 var<workgroup> sx: array<vec4<f16>, NB * SX4>;
 var<workgroup> sw: array<vec4<f16>, NB * SW4>;
-var<workgroup> scratch: array<f32, 2048>;
+var<workgroup> scratch: array<f32, SCR>;
 
 // n elements of a run whose row is inside the matrix (`ok`), else none.
 fn nv(ok: bool, n: u32) -> u32 {
@@ -257,7 +262,7 @@ fn matmul(
     let w0 = (lin / p.tiles_x) * BW;
     // This subgroup's BX/2 x rows and 32 W rows of the tile.
     let wx = (sg / 4u) * (BX / 2u);
-    let ww = (sg % 4u) * 32u;
+    let ww = (sg % 4u) * (BW / 4u);
 
     // c<i><j>: x rows wx + 16i .., W rows ww + 16j ..; c2* and c3* only when XV = 4.
     var c00 = coop_mat16x16<f32, C>();
@@ -268,6 +273,10 @@ fn matmul(
     var c21 = coop_mat16x16<f32, C>();
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
 
     // A whole tile inside the output (and no GLU) leaves straight from the accumulators to
     // memory (`store16`), the residual epilogue's residual loaded into them first (`add16`):
@@ -287,6 +296,14 @@ fn matmul(
             c21 = add16(r + 2u * o16 + 16u);
             c30 = add16(r + 3u * o16);
             c31 = add16(r + 3u * o16 + 16u);
+        }
+        if (WB == 3u) {
+            c02 = add16(r + 32u);
+            c12 = add16(r + o16 + 32u);
+            if (XV == 4u) {
+                c22 = add16(r + 2u * o16 + 32u);
+                c32 = add16(r + 3u * o16 + 32u);
+            }
         }
     }
 
@@ -322,6 +339,8 @@ fn matmul(
     let wok1 = wcol + dw < wlim;
     let wok2 = RW > 2u && wcol + 2u * dw < wlim;
     let wok3 = RW > 3u && wcol + 3u * dw < wlim;
+    let wok4 = RW > 4u && wcol + 4u * dw < wlim;
+    let wok5 = RW > 5u && wcol + 5u * dw < wlim;
 
     let ntiles = (p.cols + BK - 1u) / BK;
     var nl = run_len(true, xc);
@@ -340,9 +359,15 @@ fn matmul(
     var rw1 = ld_w(rb + drb, xc, nv(wok1, nl));
     var rw2 = rw0;
     var rw3 = rw0;
+    var rw4 = rw0;
+    var rw5 = rw0;
     if (RW > 2u) {
         rw2 = ld_w(rb + 2u * drb, xc, nv(wok2, nl));
         rw3 = ld_w(rb + 3u * drb, xc, nv(wok3, nl));
+    }
+    if (RW > 4u) {
+        rw4 = ld_w(rb + 4u * drb, xc, nv(wok4, nl));
+        rw5 = ld_w(rb + 5u * drb, xc, nv(wok5, nl));
     }
     st_x(s0, rx0, nv(xok0, nl));
     if (RX > 1u) {
@@ -357,6 +382,10 @@ fn matmul(
     if (RW > 2u) {
         st_w(s0 + 2u * ds, rw2, nv(wok2, nl), rb + 2u * drb, xc);
         st_w(s0 + 3u * ds, rw3, nv(wok3, nl), rb + 3u * drb, xc);
+    }
+    if (RW > 4u) {
+        st_w(s0 + 4u * ds, rw4, nv(wok4, nl), rb + 4u * drb, xc);
+        st_w(s0 + 5u * ds, rw5, nv(wok5, nl), rb + 5u * drb, xc);
     }
     workgroupBarrier();
     for (var t = 0u; t < ntiles; t++) {
@@ -382,6 +411,10 @@ fn matmul(
                     rw2 = ld_w(rb + 2u * drb, c1, nv(wok2, nl));
                     rw3 = ld_w(rb + 3u * drb, c1, nv(wok3, nl));
                 }
+                if (RW > 4u) {
+                    rw4 = ld_w(rb + 4u * drb, c1, nv(wok4, nl));
+                    rw5 = ld_w(rb + 5u * drb, c1, nv(wok5, nl));
+                }
             }
         }
         // BK / 16 K-steps of 16.
@@ -401,6 +434,17 @@ fn matmul(
                 c21 = coopMultiplyAdd(a2, b1, c21);
                 c30 = coopMultiplyAdd(a3, b0, c30);
                 c31 = coopMultiplyAdd(a3, b1, c31);
+                if (WB == 3u) {
+                    let b2 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 32u, k)], SK4);
+                    c02 = coopMultiplyAdd(a0, b2, c02);
+                    c12 = coopMultiplyAdd(a1, b2, c12);
+                    c22 = coopMultiplyAdd(a2, b2, c22);
+                    c32 = coopMultiplyAdd(a3, b2, c32);
+                }
+            } else if (WB == 3u) {
+                let b2 = coopLoad<coop_mat16x16<f16, B>>(&sw[w_at(cur, ww + 32u, k)], SK4);
+                c02 = coopMultiplyAdd(a0, b2, c02);
+                c12 = coopMultiplyAdd(a1, b2, c12);
             }
         }
         if (NB == 1u) {
@@ -414,6 +458,10 @@ fn matmul(
                 if (RW > 2u) {
                     rw2 = ld_w(rb + 2u * drb, c1, nv(wok2, nl));
                     rw3 = ld_w(rb + 3u * drb, c1, nv(wok3, nl));
+                }
+                if (RW > 4u) {
+                    rw4 = ld_w(rb + 4u * drb, c1, nv(wok4, nl));
+                    rw5 = ld_w(rb + 5u * drb, c1, nv(wok5, nl));
                 }
             }
             let bx = select(0u, 1u - cur, NB == 2u) * SX4 + s0;
@@ -432,6 +480,10 @@ fn matmul(
                 st_w(bw + 2u * ds, rw2, nv(wok2, nl), rb + 2u * drb, c1);
                 st_w(bw + 3u * ds, rw3, nv(wok3, nl), rb + 3u * drb, c1);
             }
+            if (RW > 4u) {
+                st_w(bw + 4u * ds, rw4, nv(wok4, nl), rb + 4u * drb, c1);
+                st_w(bw + 5u * ds, rw5, nv(wok5, nl), rb + 5u * drb, c1);
+            }
         }
         workgroupBarrier();
     }
@@ -448,14 +500,41 @@ fn matmul(
             store16(c30, o + 3u * o16);
             store16(c31, o + 3u * o16 + 16u);
         }
+        if (WB == 3u) {
+            store16(c02, o + 32u);
+            store16(c12, o + o16 + 32u);
+            if (XV == 4u) {
+                store16(c22, o + 2u * o16 + 32u);
+                store16(c32, o + 3u * o16 + 32u);
+            }
+        }
         return;
     }
 
+    let xo = x0 + wx;
+    let col0 = select(w0 + ww, oc0 + 16u * (sg % 4u), GLU == 1u);
+    if (WB == 3u) {
+        // The wide W tile (never under GLU): each accumulator on its own, through the scratch's
+        // three slots in turns.
+        put8(lane, xo, col0, turn8(c00, sg, lane), p.rows);
+        put8(lane, xo, col0 + 16u, turn8(c01, sg, lane), p.rows);
+        put8(lane, xo, col0 + 32u, turn8(c02, sg, lane), p.rows);
+        put8(lane, xo + 16u, col0, turn8(c10, sg, lane), p.rows);
+        put8(lane, xo + 16u, col0 + 16u, turn8(c11, sg, lane), p.rows);
+        put8(lane, xo + 16u, col0 + 32u, turn8(c12, sg, lane), p.rows);
+        if (XV == 4u) {
+            put8(lane, xo + 32u, col0, turn8(c20, sg, lane), p.rows);
+            put8(lane, xo + 32u, col0 + 16u, turn8(c21, sg, lane), p.rows);
+            put8(lane, xo + 32u, col0 + 32u, turn8(c22, sg, lane), p.rows);
+            put8(lane, xo + 48u, col0, turn8(c30, sg, lane), p.rows);
+            put8(lane, xo + 48u, col0 + 16u, turn8(c31, sg, lane), p.rows);
+            put8(lane, xo + 48u, col0 + 32u, turn8(c32, sg, lane), p.rows);
+        }
+        return;
+    }
     // Otherwise the accumulators leave through the scratch in pairs (c<i>0, c<i>1): 16 x rows
     // by the subgroup's two 16-column W blocks, or under GLU by its 16 output columns' gate and
     // up products.
-    let xo = x0 + wx;
-    let col0 = select(w0 + ww, oc0 + 16u * (sg % 4u), GLU == 1u);
     coopStoreT(c00, &scratch[sg * 256u], 16u);
     let v00 = scratch8(sg, lane);
     coopStoreT(c01, &scratch[sg * 256u], 16u);
@@ -485,6 +564,30 @@ fn store16(c: coop_mat16x16<f32, C>, i: u32) {
     let stride = p.out_stride;
     coopStoreT(c, &out[i], stride);
 }
+
+// The wide W tile's drain of accumulator c: lane l's 8 elements as `scratch8` reads them, through
+// a scratch of three 16 x 16 slots (all the workgroup memory its tiles leave), the subgroups
+// taking turns: 0-2, 3-5, 6-7. Its stores sit in branches on the subgroup: uniform within each
+// subgroup, which is what a cooperative-matrix operation needs (its scope is the subgroup).
+// Called by every invocation in the same order (it holds barriers).
+fn turn8(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> array<f32, 8> {
+    var v: array<f32, 8>;
+    let slot = (sg % 3u) * 256u;
+    for (var t = 0u; t < 3u; t++) {
+        if (sg / 3u == t) {
+            coopStoreT(c, &scratch[slot], 16u);
+        }
+        workgroupBarrier();
+        if (sg / 3u == t) {
+            let s = slot + (lane / 2u) * 16u + (lane % 2u) * 8u;
+            for (var e = 0u; e < 8u; e++) {
+                v[e] = scratch[s + e];
+            }
+        }
+        workgroupBarrier();
+    }
+    return v;
+}
 // @@ xvec_emu xscalar_emu xhalf_emu
 // The emulated store16: this lane's 8 elements (row lane / 2, columns (lane % 2) * 8 ..).
 fn store16(c: EmuC, i: u32) {
@@ -492,6 +595,17 @@ fn store16(c: EmuC, i: u32) {
     for (var j = 0u; j < 8u; j++) {
         out[at + j] = c.v[j];
     }
+}
+
+// The emulated turn8: the scratch is this invocation's own, so no turns are needed.
+fn turn8(c: EmuC, sg: u32, lane: u32) -> array<f32, 8> {
+    emu_store(c, 0u, 16u);
+    var v: array<f32, 8>;
+    let s = (lane / 2u) * 16u + (lane % 2u) * 8u;
+    for (var e = 0u; e < 8u; e++) {
+        v[e] = scratch[s + e];
+    }
+    return v;
 }
 // @@ end
 

@@ -17,7 +17,7 @@
 //! # Tiles
 //!
 //! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows (or 192: the wide tile,
-//! [`WIDE_BW`], where a product has the workgroups to spare) and walks K 64 at a time
+//! [`WIDE_BW`], where it takes fewer rounds of workgroups) and walks K 64 at a time
 //! through one buffer where W runs are loaded before the products, 32 at a time through two
 //! otherwise ([`step_k`]; at most 48 KiB of workgroup memory, see the WGSL header). BX = 128
 //! decodes each W tile for twice the x rows, but for n = 512 gives only 4 x tiles: shapes with
@@ -61,12 +61,25 @@ const BW: usize = 128;
 /// idle: Q4_0 [6144, 4096] (the 8B's Q|K|V, 192 -> 128 workgroups) 255-262 -> 176-184 us.
 const WIDE_BW: usize = 192;
 
-/// From this many workgroups of the wide tile on, a product takes it (the shape's other
-/// conditions met, see `Plan::new`). Below, it would leave SMs idle that the 128-row tile's
-/// 1.5x as many workgroups fill: H100 (132 SMs), n = 512, Q4_0 [4096, 4096] (88 wide
-/// workgroups) 134-137 -> 165-174 us. 128 is about one workgroup per SM of an H100; GPUs with
-/// fewer SMs run more rounds of either grid, where the wide tile's lower cost per flop counts.
-pub const WIDE_MIN_GROUPS: usize = 128;
+/// Workgroups of either tile that run at once in the rule for the wide one ([`wide_w_pays`]):
+/// an H100's, 132 SMs with one workgroup each (their registers). A GPU with fewer SMs runs
+/// more rounds of either grid, where the wide tile's lower cost per flop counts more.
+const ROUND_GROUPS: usize = 132;
+
+/// A wide workgroup's time over a 128-row one's, in hundredths: H100, n = 512, 1.24-1.35 per
+/// round (Q4_0 [24576, 4096]: 4 rounds 597-657 us against 6 rounds 717-732).
+const WIDE_ROUND_COST: usize = 135;
+
+/// Whether the wide tile beats the 128-row one for `n` x rows by `rows` W rows, counted in rounds
+/// of [`ROUND_GROUPS`] workgroups: it does where it saves a round or more (Q4_0, n = 512: the
+/// 8B's Q|K|V [6144, 4096] 2 -> 1 round, 256-272 -> 167-193 us; [4608, 3584] 2 -> 1, 215-221 ->
+/// 148-151; [24576, 4096] 6 -> 4), not where both take as many (8192 x 4096, 2 and 2: 257-259
+/// -> 358-368 us; 4096 x 4096, 1 and 1: 134-140 -> 165-176; 15360 x 5120, 4 and 3: 589 ->
+/// 605-611, a tie the rule leaves to the 128-row tile).
+fn wide_w_pays(n: usize, rows: usize) -> bool {
+    let rounds = |bw: usize| (n.div_ceil(128) * rows.div_ceil(bw)).div_ceil(ROUND_GROUPS);
+    rounds(WIDE_BW) * WIDE_ROUND_COST < rounds(BW) * 100
+}
 
 /// Below this many workgroups of the BX = 128 tile, the BX = 64 one is used. Measured on an
 /// H100 (132 SMs) at n = 512 (`coop_prefill_speed`, BENCHMARKS.md): BX = 128 wins from 96
@@ -397,7 +410,7 @@ impl Plan {
         let bw = match W_TILE.get() {
             192 if wide_w_fits => WIDE_BW,
             128 | 192 => BW,
-            _ if wide_w_fits && n.div_ceil(128) * rows.div_ceil(WIDE_BW) >= WIDE_MIN_GROUPS => WIDE_BW,
+            _ if wide_w_fits && wide_w_pays(n, rows) => WIDE_BW,
             _ => BW,
         };
         Ok(Plan { bx, bw, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false })
@@ -806,4 +819,30 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wide_w_pays;
+
+    /// The wide-tile rule against the H100 measurements it was made from (n = 512, Q4_0; see
+    /// its doc): wide where it was faster, the 128-row tile where that was.
+    #[test]
+    fn wide_w_rule_matches_the_measured_shapes() {
+        for (rows, wide_faster) in [
+            (6144, true),   // the 8B's Q|K|V: 167-193 vs 256-272 us
+            (4608, true),   // Qwen2-7B's Q|K|V: 148-151 vs 215-221
+            (24576, true),  // 597-657 vs 717-732
+            (12288, true),  // 339-341 vs 378-380
+            (49152, true),  // a 49,152-token output head: 261-269 vs 283-285
+            (8192, false),  // 358-368 vs 257-259
+            (4096, false),  // 165-176 vs 134-140
+            (15360, false), // 605-611 vs 589
+            (3072, false),  // the 1B's Q|K|V: 83-93 vs 67-77
+        ] {
+            assert_eq!(wide_w_pays(512, rows), wide_faster, "{rows} rows");
+        }
+        // Short prompts: one round of 128-row workgroups leaves nothing to save.
+        assert!(!wide_w_pays(100, 6144));
+    }
 }

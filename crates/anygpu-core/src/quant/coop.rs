@@ -70,13 +70,13 @@ const ROUND_GROUPS: usize = 132;
 /// round (Q4_0 [24576, 4096]: 4 rounds 597-657 us against 6 rounds 717-732).
 const WIDE_ROUND_COST: usize = 135;
 
-/// Whether the wide tile beats the 128-row one for `n` x rows by `rows` W rows, counted in rounds
-/// of [`ROUND_GROUPS`] workgroups, a wide round costing [`WIDE_ROUND_COST`]: it does where
-/// its rounds cost less so (Q4_0, n = 512: the
-/// 8B's Q|K|V [6144, 4096] 2 -> 1 round, 256-272 -> 167-193 us; [4608, 3584] 2 -> 1, 215-221 ->
-/// 148-151; [24576, 4096] 6 -> 4), not where both take as many (8192 x 4096, 2 and 2: 257-259
-/// -> 358-368 us; 4096 x 4096, 1 and 1: 134-140 -> 165-176; 15360 x 5120, 4 and 3: 589 ->
-/// 605-611, a tie the rule leaves to the 128-row tile).
+/// Whether the wide tile beats the 128-row one for `n` x rows by `rows` W rows, counted in
+/// rounds of [`ROUND_GROUPS`] workgroups, a wide round costing [`WIDE_ROUND_COST`]: it does
+/// where its rounds cost less so (Q4_0, n = 512: the 8B's Q|K|V [6144, 4096] 2 -> 1 round,
+/// 256-272 -> 167-193 us; [4608, 3584] 2 -> 1, 215-221 -> 148-151; [24576, 4096] 6 -> 4), not
+/// where both take as many (8192 x 4096, 2 and 2: 257-259 -> 358-368 us; 4096 x 4096, 1 and 1:
+/// 134-140 -> 165-176; 15360 x 5120, 4 and 3: 589 -> 605-611, a tie the rule leaves to the
+/// 128-row tile).
 fn wide_w_pays(n: usize, rows: usize) -> bool {
     let rounds = |bw: usize| (n.div_ceil(128) * rows.div_ceil(bw)).div_ceil(ROUND_GROUPS);
     rounds(WIDE_BW) * WIDE_ROUND_COST < rounds(BW) * 100

@@ -56,7 +56,7 @@ const BW: usize = 128;
 /// 3 KiB of the 48 KiB, so edge tiles drain through a scratch of three slots in turns (the
 /// WGSL's `turn8`), and it never carries the GLU epilogue (whose drain pairs every accumulator
 /// through the scratch). Per flop it stages a sixth fewer rows and loads a fifth fewer
-/// matrices: H100, n = 512, Q4_0 [24576, 4096] 724-731 -> 597-649 us, F16 640-643 -> 565-580;
+/// matrices: H100, n = 512, Q4_0 [24576, 4096] 724-731 -> 597-649 us, F16 640-643 -> 575-580;
 /// and a grid of fewer, longer workgroups where the 128-row one leaves most of a last round
 /// idle: Q4_0 [6144, 4096] (the 8B's Q|K|V, 192 -> 128 workgroups) 255-262 -> 176-184 us.
 const WIDE_BW: usize = 192;

@@ -166,6 +166,10 @@ const RW: u32 = BW / RSTEP;     // W runs per invocation: 2, 4 or 6
 const XV: u32 = BX / 32u;       // A matrices per subgroup
 const SX4: u32 = BX * SK4;      // vec4s per buffered X tile
 const SW4: u32 = BW * SK4;      // vec4s per buffered W tile
+// The host's invariants: the staging takes W runs in pairs (so the wide tile needs BK = 64:
+// RW = 6), and the GLU layout pairs a subgroup's two B matrices (the 128-row tile only).
+const_assert RW % 2u == 0u;
+const_assert GLU == 0u || WB == 2u;
 
 var<workgroup> sx: array<vec4<f16>, NB * SX4>;
 var<workgroup> sw: array<vec4<f16>, NB * SW4>;
@@ -197,12 +201,19 @@ fn w_at(buf: u32, row: u32, k: u32) -> u32 {
 // workgroup in the same order (it holds barriers: after it, the scratch can be reused).
 fn scratch8(sg: u32, lane: u32) -> array<f32, 8> {
     workgroupBarrier();
+    let v = lane8(sg * 256u, lane);
+    workgroupBarrier();
+    return v;
+}
+
+// Lane l's 8 elements of the row-major 16 x 16 matrix stored in the scratch from `at`: row
+// l / 2, columns (l % 2) * 8 .. + 8.
+fn lane8(at: u32, lane: u32) -> array<f32, 8> {
     var v: array<f32, 8>;
-    let s = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
+    let s = at + (lane / 2u) * 16u + (lane % 2u) * 8u;
     for (var e = 0u; e < 8u; e++) {
         v[e] = scratch[s + e];
     }
-    workgroupBarrier();
     return v;
 }
 
@@ -260,11 +271,12 @@ fn matmul(
     // each W block is read from DRAM about once and decoded from L2 by the others.
     let x0 = (lin % p.tiles_x) * BX;
     let w0 = (lin / p.tiles_x) * BW;
-    // This subgroup's BX/2 x rows and 32 W rows of the tile.
+    // This subgroup's BX/2 x rows and BW/4 W rows of the tile.
     let wx = (sg / 4u) * (BX / 2u);
     let ww = (sg % 4u) * (BW / 4u);
 
-    // c<i><j>: x rows wx + 16i .., W rows ww + 16j ..; c2* and c3* only when XV = 4.
+    // c<i><j>: x rows wx + 16i .., W rows ww + 16j ..; c2* and c3* only when XV = 4, c*2 only
+    // when WB = 3.
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
@@ -579,10 +591,7 @@ fn turn8(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> array<f32, 8> {
         }
         workgroupBarrier();
         if (sg / 3u == t) {
-            let s = slot + (lane / 2u) * 16u + (lane % 2u) * 8u;
-            for (var e = 0u; e < 8u; e++) {
-                v[e] = scratch[s + e];
-            }
+            v = lane8(slot, lane);
         }
         workgroupBarrier();
     }
@@ -600,12 +609,7 @@ fn store16(c: EmuC, i: u32) {
 // The emulated turn8: the scratch is this invocation's own, so no turns are needed.
 fn turn8(c: EmuC, sg: u32, lane: u32) -> array<f32, 8> {
     emu_store(c, 0u, 16u);
-    var v: array<f32, 8>;
-    let s = (lane / 2u) * 16u + (lane % 2u) * 8u;
-    for (var e = 0u; e < 8u; e++) {
-        v[e] = scratch[s + e];
-    }
-    return v;
+    return lane8(0u, lane);
 }
 // @@ end
 

@@ -1524,6 +1524,90 @@ fn coop_add_epilogue_matches_composition() {
     eprintln!("coop add ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
+/// The GLU epilogue's f16 output (`QOptions::f16_out`) and the down projection that reads it:
+/// the output is the f32 GLU output rounded to f16 (within half an f16 step of it), and the
+/// down projection of it equals, bit for bit, the down projection of the f32 output (which the
+/// product rounds to f16 itself, in a dispatch of its own that the f16 input skips: the
+/// profile, where timestamps allow, shows it for the one and not the other). F a multiple of 8
+/// and of the type's block (the down projection's rows): 136 for F16 and 160 for Q4_0 (partial
+/// 64-column tiles), 256 for Q3_K; n 130 and 70, both x tiles; emulated where the device has no cooperative matrices. Also: products that do
+/// not read x as f16 (tiled, matvec, the CPU) take the f16 output widened to f32, exactly.
+#[test]
+fn coop_glu_f16_out_feeds_the_down_product() {
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let down_rows = 72usize;
+    let mut ran = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q3K, GgmlType::F16] {
+        let cols = coop_cols(ty)[coop_cols(ty).len() - 1];
+        let f = match ty.block_size() {
+            1 => 136usize,
+            32 => 160,
+            _ => 256,
+        };
+        let gu_bytes = f16_exact_weights(ty.id() as u64 + 1100, ty, 2 * f, cols);
+        let down_bytes = f16_exact_weights(ty.id() as u64 + 1200, ty, down_rows, f);
+        for n in [130usize, 70] {
+            let x_cpu = Tensor::from_vec(f16_exact_x(n as u64 + 41, n * cols), [n, cols], &Device::Cpu).unwrap();
+            ran.extend(on_coop_devices(ty, |d, bx| {
+                let what = format!("coop GLU f16 out {ty} [{}, {cols}] n={n} BX={bx} on {}", 2 * f, d.name());
+                let ctx = d.gpu().expect("a GPU device");
+                let gu = QTensor::from_vec(ty, 2 * f, cols, gu_bytes.clone(), d).unwrap();
+                let down = QTensor::from_vec(ty, down_rows, f, down_bytes.clone(), d).unwrap();
+                let x = x_cpu.to_device(d).unwrap();
+                let g32 = gu.qmatmul_glu_opts(&x, None, coop_opts(None)).unwrap();
+                let half = QOptions { f16_out: true, ..coop_opts(None) };
+                let g16 = gu.qmatmul_glu_opts(&x, None, half).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(g16.dtype(), anygpu_core::DType::F16, "{what}");
+                assert_eq!(g16.dims(), &[n, f], "{what}");
+                let (w32, w16) = (g32.to_vec_f32().unwrap(), g16.to_dtype(anygpu_core::DType::F32).unwrap());
+                let w16 = w16.to_vec_f32().unwrap();
+                for (i, (&a, &b)) in w32.iter().zip(&w16).enumerate() {
+                    let step = f16::from_f32(a).to_f32() - a;
+                    assert!((a - b).abs() <= step.abs().max(a.abs() * 4.9e-4), "{what} [{i}]: f32 {a}, f16 {b}");
+                }
+                // The model's path: the residual add (qmatmul_add), and the plain product.
+                let r = Tensor::from_vec(f16_exact_x(n as u64 + 43, n * down_rows), [n, down_rows], d).unwrap();
+                for add in [true, false] {
+                    let down_of = |g: &Tensor| match add {
+                        true => down.qmatmul_add_opts(g, &r, coop_opts(None)),
+                        false => qmatmul_opts(&down, g, coop_opts(None)),
+                    };
+                    let (y32, ops32) = ctx.profile_dispatches(|| down_of(&g32)).unwrap();
+                    let (y16, ops16) =
+                        ctx.profile_dispatches(|| down_of(&g16)).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let y = (y32.to_vec_f32().unwrap(), y16.to_vec_f32().unwrap());
+                    assert_eq!(y.0, y.1, "{what}: the down projections (add {add})");
+                    // f32 x: the rounding dispatch and the product; f16 x: the product alone.
+                    if let (Some(o32), Some(o16)) = (ops32, ops16) {
+                        let rounds = o32.iter().any(|o| o.0.contains("to f16"));
+                        assert!(rounds && o16.len() == 1, "{what} (add {add}): {o32:?} / {o16:?}");
+                    }
+                }
+                // Kernels that read f32 x widen the f16 output first.
+                let g16_wide = g16.to_dtype(anygpu_core::DType::F32).unwrap();
+                for k in [QKernel::Tiled, QKernel::Matvec] {
+                    let rows = if k == QKernel::Matvec { g16.narrow(0, 0, 1).unwrap() } else { g16.clone() };
+                    let wide = if k == QKernel::Matvec { g16_wide.narrow(0, 0, 1).unwrap() } else { g16_wide.clone() };
+                    let opts = QOptions { kernel: Some(k), ..Default::default() };
+                    let (a, b) = (qmatmul_opts(&down, &rows, opts).unwrap(), qmatmul_opts(&down, &wide, opts).unwrap());
+                    assert_eq!(a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap(), "{what}: {k:?} on f16 x");
+                }
+                let down_cpu = QTensor::from_vec(ty, down_rows, f, down_bytes.clone(), &Device::Cpu).unwrap();
+                let (g16_cpu, wide_cpu) =
+                    (g16.to_device(&Device::Cpu).unwrap(), g16_wide.to_device(&Device::Cpu).unwrap());
+                assert_eq!(
+                    down_cpu.qmatmul(&g16_cpu).unwrap().to_vec_f32().unwrap(),
+                    down_cpu.qmatmul(&wide_cpu).unwrap().to_vec_f32().unwrap(),
+                    "{what}: the CPU on f16 x"
+                );
+                None
+            }));
+        }
+    }
+    eprintln!("coop GLU f16 out ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
 /// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 3
 /// epilogues, and the wide W tile's, for each W loader a type has) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
@@ -1532,11 +1616,11 @@ fn coop_add_epilogue_matches_composition() {
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
-    // 84 per (type, loader): two x tiles, two K steps, three x accesses, three epilogues (none,
-    // GLU, residual), real and emulated (72), and the wide W tile beside BX = 128 and K 64 for
-    // the two epilogues it takes (12). F16 has two loaders (raw words, decoded), the seven
-    // types whose runs lie in a few words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 84);
+    // 108 per (type, loader): two x tiles, two K steps, three x accesses, four epilogues (none,
+    // GLU, GLU with an f16 output, residual), real and emulated (96), and the wide W tile beside
+    // BX = 128 and K 64 for the two epilogues it takes (12). F16 has two loaders (raw words,
+    // decoded), the seven types whose runs lie in a few words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 108);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

@@ -147,11 +147,17 @@ fn emulated() -> bool {
     EMULATED.load(Ordering::Relaxed)
 }
 
+/// Whether the kernel takes weights of `ty` (the quantized types and F16: F32 and BF16 weights
+/// do not round safely to f16).
+pub fn takes_type(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::BF16)
+}
+
 /// Why the coop kernel cannot run `ty` on this device, or `None` when it can.
 pub fn unsupported_reason(ctx: &GpuContext, ty: GgmlType) -> Option<String> {
     let c = &ctx.caps;
     let emulated = emulated();
-    let why = if matches!(ty, GgmlType::F32 | GgmlType::BF16) {
+    let why = if !takes_type(ty) {
         format!("{ty} weights do not round safely to f16 (it takes the quantized types and F16)")
     } else if emulated && !c.shader_f16 {
         "the device has no f16 shaders (SHADER_F16), which the emulated kernel needs".to_string()
@@ -276,6 +282,8 @@ pub(super) struct Plan {
     glu: bool,
     /// The residual epilogue: the output is the product plus `resid` (binding 4), shaped alike.
     add: bool,
+    /// The output as f16 (GLU only: see [`Plan::with_half_out`]).
+    half_out: bool,
 }
 
 /// How the kernel reads x (its WGSL section).
@@ -414,7 +422,7 @@ impl Plan {
             _ if wide_w_fits && wide_w_pays(n, rows) => WIDE_BW,
             _ => BW,
         };
-        Ok(Plan { bx, bw, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false })
+        Ok(Plan { bx, bw, bk, x: XAccess::for_shape(cols, x_offset), w_load, glu: false, add: false, half_out: false })
     }
 
     /// This plan with the GLU epilogue: the output is silu(gate) * up of the gate|up stack (on
@@ -426,6 +434,20 @@ impl Plan {
     /// This plan with the residual epilogue: the output is the product plus a residual.
     pub(super) fn with_add(self) -> Plan {
         Plan { add: true, ..self }
+    }
+
+    /// This GLU plan writing its output [n, f] as f16, rounded and clamped as [`x_to_f16`]
+    /// rounds x, for a next product that reads x as f16 (the FFN's down projection): the same
+    /// values it would read, without the f32 output written and read back and the rounding
+    /// dispatch between the two. `None` where the output's rows are not whole runs of 8 (each
+    /// invocation of the drain writes 8 elements of one row, two `vec4<f16>` stores).
+    pub(super) fn with_half_out(self, f: usize) -> Option<Plan> {
+        (self.glu && f.is_multiple_of(8)).then_some(Plan { half_out: true, ..self })
+    }
+
+    /// Whether the output is f16.
+    pub(super) fn half_out(&self) -> bool {
+        self.half_out
     }
 
     /// Whether x goes in as f16 ([`x_to_f16`] first).
@@ -463,7 +485,7 @@ impl Plan {
         } else {
             "fn resid_at(i: u32) -> f32 { return 0.0; }"
         };
-        spec.with(resid).with(match (self.add, emulated) {
+        spec.with(output_wgsl(self.half_out, emulated)).with(resid).with(match (self.add, emulated) {
             (false, false) => "fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }",
             (false, true) => "fn add16(i: u32) -> EmuC { return EmuC(); }",
             (true, false) => {
@@ -509,6 +531,49 @@ impl Plan {
                 && !direct_off()) as u32,
         };
         ctx.dispatch(pipeline, OP, bytemuck::bytes_of(&params), binds, ctx.grid_1d(u(groups)?))
+    }
+}
+
+/// The kernel's output binding (3) and its writers: `out8(o, v, n)`, elements o .. o + n (n <=
+/// 8) of the output from v, and `store16(c, i)`, the 16 x 16 accumulator c into the output from
+/// element i, rows p.out_stride apart (the direct drain: 16-byte aligned, which the
+/// cooperative-matrix stores need). For an f16 output (GLU only, whose tiles all drain through
+/// the scratch: store16 is never called) o is a multiple of 8 and n is 8 (`Plan::with_half_out`).
+fn output_wgsl(half: bool, emulated: bool) -> &'static str {
+    match (half, emulated) {
+        (false, false) => {
+            "@group(0) @binding(3) var<storage, read_write> out: array<f32>;\n\
+             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
+                 for (var e = 0u; e < 8u; e++) { if (e < n) { out[o + e] = v[e]; } }\n}\n\
+             fn store16(c: coop_mat16x16<f32, C>, i: u32) {\n\
+                 // The stride through a `let`: naga 30's SPIR-V writer does not emit a stride\n\
+                 // expression written inline in the call (an internal error).\n\
+                 let stride = p.out_stride;\n\
+                 coopStoreT(c, &out[i], stride);\n}"
+        }
+        (false, true) => {
+            // This lane's 8 elements (row lane / 2, columns (lane % 2) * 8 ..).
+            "@group(0) @binding(3) var<storage, read_write> out: array<f32>;\n\
+             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
+                 for (var e = 0u; e < 8u; e++) { if (e < n) { out[o + e] = v[e]; } }\n}\n\
+             fn store16(c: EmuC, i: u32) {\n\
+                 let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;\n\
+                 for (var j = 0u; j < 8u; j++) { out[at + j] = c.v[j]; }\n}"
+        }
+        (true, false) => {
+            "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f16>>;\n\
+             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
+                 out[o / 4u] = to_f16(vec4<f32>(v[0], v[1], v[2], v[3]));\n\
+                 out[o / 4u + 1u] = to_f16(vec4<f32>(v[4], v[5], v[6], v[7]));\n}\n\
+             fn store16(c: coop_mat16x16<f32, C>, i: u32) {}"
+        }
+        (true, true) => {
+            "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f16>>;\n\
+             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
+                 out[o / 4u] = to_f16(vec4<f32>(v[0], v[1], v[2], v[3]));\n\
+                 out[o / 4u + 1u] = to_f16(vec4<f32>(v[4], v[5], v[6], v[7]));\n}\n\
+             fn store16(c: EmuC, i: u32) {}"
+        }
     }
 }
 
@@ -802,13 +867,17 @@ pub fn wgsl_variants() -> Vec<(String, String, bool)> {
                     WLoad::Late => true,
                 }) {
                     for emulated in [false, true] {
-                        for (glu, add) in [(false, false), (true, false), (false, true)] {
+                        for (glu, add, half_out) in
+                            [(false, false, false), (true, false, false), (true, false, true), (false, true, false)]
+                        {
                             // The wide W tile: BX = 128, K 64, no GLU only.
                             let wide = bx == 128 && bk == 64 && !glu;
                             for bw in if wide { vec![BW, WIDE_BW] } else { vec![BW] } {
-                                let spec = Plan { bx, bw, bk, x, w_load, glu, add }.spec_as(ty, emulated);
+                                let plan = Plan { bx, bw, bk, x, w_load, glu, add, half_out };
+                                let spec = plan.spec_as(ty, emulated);
                                 let label = format!(
-                                    "{} BX={bx} BW={bw} BK={bk} x={x:?} w_load={w_load:?} glu={glu} add={add}",
+                                    "{} BX={bx} BW={bw} BK={bk} x={x:?} w_load={w_load:?} glu={glu} add={add} \
+                                     half_out={half_out}",
                                     spec.name
                                 );
                                 v.push((label, spec.source_text(&[]), emulated));

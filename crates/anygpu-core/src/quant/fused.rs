@@ -97,8 +97,11 @@ impl QTensor {
         QTensor::from_vec(ty, parts.iter().map(|p| p.rows()).sum(), cols, data, device)
     }
 
-    fn check_input(&self, op: &'static str, x: &Tensor) -> Result<()> {
-        if !x.device().same(self.device()) || x.dtype() != DType::F32 || x.dims().last() != Some(&self.cols()) {
+    /// x [.., cols] on the weights' device: f32, or f16 where `f16_ok` (the products without a
+    /// norm: see `QOptions::f16_out`).
+    fn check_input(&self, op: &'static str, x: &Tensor, f16_ok: bool) -> Result<()> {
+        let dtype_ok = x.dtype() == DType::F32 || (f16_ok && x.dtype() == DType::F16);
+        if !x.device().same(self.device()) || !dtype_ok || x.dims().last() != Some(&self.cols()) {
             return Err(Error::shape(
                 op,
                 format!(
@@ -122,7 +125,7 @@ impl QTensor {
     /// binding split).
     pub fn qmatmul_add_opts(&self, x: &Tensor, resid: &Tensor, opts: QOptions) -> Result<Tensor> {
         const OP: &str = "qmatmul_add";
-        self.check_input(OP, x)?;
+        self.check_input(OP, x, true)?;
         check_residual(OP, self, x, resid)?;
         if self.device().gpu().is_some() && resid.device().same(self.device()) {
             if let Some(y) = qmatvec_fused(self, x, Epilogue::Add(resid), Prologue::None, opts)? {
@@ -146,7 +149,7 @@ impl QTensor {
     /// runs; otherwise it is [`QTensor::qmatmul_add`] of the f32 x.
     pub fn qmatmul_add_q8(&self, x: &Q8Rows, resid: &Tensor) -> Result<Tensor> {
         if self.takes_q8_rows() && resid.device().same(self.device()) {
-            self.check_input("qmatmul_add_q8", x.x())?;
+            self.check_input("qmatmul_add_q8", x.x(), false)?;
             check_residual("qmatmul_add_q8", self, x.x(), resid)?;
             let opts = QOptions { x_q8: Some(true), ..QOptions::default() };
             if let Some(y) = qmatvec_fused(self, x.x(), Epilogue::Add(resid), Prologue::Rounded(x), opts)? {
@@ -165,7 +168,7 @@ impl QTensor {
     /// blocks).
     pub fn qmatmul_add_rounding(&self, x: &Tensor, resid: &Tensor, next: &Tensor) -> Result<(Tensor, Option<Q8Rows>)> {
         const OP: &str = "qmatmul_add_rounding";
-        self.check_input(OP, x)?;
+        self.check_input(OP, x, true)?;
         check_residual(OP, self, x, resid)?;
         if let Some((h, r)) = self.add_rounding(x, resid, next, Prologue::None, QOptions::default())? {
             return Ok((h, Some(r)));
@@ -182,7 +185,7 @@ impl QTensor {
     ) -> Result<(Tensor, Option<Q8Rows>)> {
         const OP: &str = "qmatmul_add_q8_rounding";
         if self.takes_q8_rows() && resid.device().same(self.device()) {
-            self.check_input(OP, x.x())?;
+            self.check_input(OP, x.x(), false)?;
             check_residual(OP, self, x.x(), resid)?;
             let opts = QOptions { x_q8: Some(true), ..QOptions::default() };
             if let Some((h, r)) = self.add_rounding(x.x(), resid, next, Prologue::Rounded(x), opts)? {
@@ -305,7 +308,7 @@ impl QTensor {
     /// `rms_norm(x, norm) @ W^T`.
     pub fn qmatmul_rms(&self, x: &Tensor, norm: RmsNorm<'_>) -> Result<Tensor> {
         const OP: &str = "qmatmul_rms";
-        self.check_input(OP, x)?;
+        self.check_input(OP, x, false)?;
         if self.device().gpu().is_some() {
             if let Some(y) = qmatvec_fused(self, x, Epilogue::Store, prologue(Some(norm)), QOptions::default())? {
                 return Ok(y);
@@ -332,7 +335,7 @@ impl QTensor {
     /// `opts` (tests of the binding split).
     pub fn qmatmul_glu_opts(&self, x: &Tensor, norm: Option<RmsNorm<'_>>, opts: QOptions) -> Result<Tensor> {
         const OP: &str = "qmatmul_glu";
-        self.check_input(OP, x)?;
+        self.check_input(OP, x, norm.is_none())?;
         if !self.rows().is_multiple_of(2) {
             return Err(Error::shape(OP, format!("a gate|up stack needs an even row count, got {}", self.rows())));
         }
@@ -391,7 +394,7 @@ impl QTensor {
         kv: RopeKvStore<'_>,
     ) -> Result<Tensor> {
         const OP: &str = "qmatmul_rms_rope_kv";
-        self.check_input(OP, x)?;
+        self.check_input(OP, x, false)?;
         let (h, hkv, d) = kv.heads;
         let t = x.numel() / self.cols().max(1);
         let heads = hkv.checked_mul(2).and_then(|k| k.checked_add(h));

@@ -220,6 +220,13 @@ pub struct QOptions {
     /// a matrix marked [`CpuMath::Q8`] has x normalised outside the matvec (see `x_q8` in this
     /// module).
     pub x_q8: Option<bool>,
+    /// Where the coop kernel runs a GLU product ([`QTensor::qmatmul_glu_opts`] of many x rows)
+    /// and its output rows are whole runs of 8, the output is f16, rounded and clamped as a
+    /// product that reads x as f16 rounds its x: the FFN's down projection then reads it as it
+    /// is (no f32 output written and read back, no rounding dispatch between the two).
+    /// Elsewhere the output stays f32. (Every product takes f16 x, widened to f32 where its
+    /// kernel does not read x as f16.)
+    pub f16_out: bool,
 }
 
 /// The WGSL suffix of a type's functions (`mv_q4_0`, `deq8_q4_0`).
@@ -1145,6 +1152,15 @@ pub(crate) fn qmatvec_fused(
     opts: QOptions,
 ) -> Result<Option<Tensor>> {
     let (_, ctx) = gpu_weights("qmatmul", w)?;
+    // The matvec kernels read f32 x: f16 x (see `QOptions::f16_out`) widened first, exactly,
+    // where they run (not for a prefill's rows, which the coop kernel may read as they are).
+    if x.dtype() == DType::F16 {
+        let n = x.numel() / w.cols().max(1);
+        if n == 0 || n > MATVEC_MAX_N || opts.kernel == Some(QKernel::Tiled) {
+            return Ok(None);
+        }
+        return qmatvec_fused(w, &x.to_dtype(DType::F32)?, epi, pro, opts);
+    }
     // Rows rounded for the norm by x's producer serve products that take Q8 x only.
     let pro = match pro {
         Prologue::RoundedNorm(_, g, e) if !x_q8(w, &opts) => Prologue::RmsNorm(g, e),
@@ -1373,7 +1389,8 @@ pub(crate) fn combine_prologue_takes(w: &QTensor, shape: [usize; 4], n_splits: u
 /// are checked as `QTensor::qmatmul` does.
 pub fn qmatmul_opts(w: &QTensor, x: &Tensor, opts: QOptions) -> Result<Tensor> {
     const OP: &str = "qmatmul";
-    if !x.device().same(w.device()) || x.dtype() != DType::F32 || x.dims().last() != Some(&w.cols()) {
+    let dtype_ok = matches!(x.dtype(), DType::F32 | DType::F16);
+    if !x.device().same(w.device()) || !dtype_ok || x.dims().last() != Some(&w.cols()) {
         return Err(Error::shape(
             OP,
             format!("input {} ({}) does not match weights [{}, {}]", x.shape(), x.dtype(), w.rows(), w.cols()),
@@ -1408,7 +1425,7 @@ pub(crate) fn qmatmul_coop_epilogue(
     let (_, ctx) = gpu_weights(OP, w)?;
     let (rows, cols) = (w.rows(), w.cols());
     let n = x.numel() / cols.max(1);
-    if kernel_for(&ctx, w.ggml_type(), n, &opts) != QKernel::Coop || x.dtype() != DType::F32 {
+    if kernel_for(&ctx, w.ggml_type(), n, &opts) != QKernel::Coop || !matches!(x.dtype(), DType::F32 | DType::F16) {
         return Ok(None);
     }
     let out_cols = match epi {
@@ -1723,22 +1740,37 @@ fn qmatmul_with(
     if n == 0 || rows == 0 || cols == 0 {
         return Tensor::zeros(out_shape, DType::F32, w.device());
     }
-    let out = Tensor::gpu_empty(out_shape, DType::F32, w.device())?;
     let mut x = x.contiguous()?;
+    let kernel = kernel_for(&ctx, ty, n, &opts);
+    // f16 x (a GLU product's f16 output, see `QOptions::f16_out`) goes in as it is where the
+    // coop kernel reads x as f16 (whole 16-byte runs) and no prologue reads it; elsewhere it is
+    // widened to f32 first, exactly.
+    let x_f16 = x.dtype() == DType::F16;
+    if x_f16
+        && !(kernel == QKernel::Coop
+            && matches!(pro, Prologue::None)
+            && x.layout().offset.is_multiple_of(8)
+            && super::coop::takes_half_x(cols, x.layout().offset))
+    {
+        x = x.to_dtype(DType::F32)?;
+    }
+    let x_f16 = x_f16 && x.dtype() == DType::F16;
     // The quantized kernels read x as vec4: its first element must sit on a 16-byte boundary
     // (rows are whole 32-weight blocks, so every row then does).
     if ty.is_quantized() && x.layout().offset % 4 != 0 && combine.is_none() {
         x = crate::ops::copy::gpu_contiguous(&x)?;
     }
     let xbuf = x.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?;
-    let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let max_binding = binding_limit(&ctx, &opts);
     let slices = row_slices(OP, w, max_binding)?;
-    let kernel = kernel_for(&ctx, ty, n, &opts);
     let coop_plan = match kernel {
         QKernel::Coop => {
             let plan = super::coop::Plan::new(&ctx, ty, n, rows, cols, x.layout().offset)?;
             Some(match epi {
+                Epilogue::Glu if opts.f16_out => {
+                    let glu = plan.with_glu();
+                    glu.with_half_out(out_rows).unwrap_or(glu)
+                }
                 Epilogue::Glu => plan.with_glu(),
                 Epilogue::Add(_) => plan.with_add(),
                 _ => plan,
@@ -1746,6 +1778,16 @@ fn qmatmul_with(
         }
         _ => None,
     };
+    if x_f16 && !coop_plan.as_ref().is_some_and(|c| c.x_half()) {
+        return Err(Error::gpu(OP, "f16 x where the coop kernel does not read it as f16"));
+    }
+    // The output's element type and bytes per element.
+    let (out_dtype, out_elem) = match coop_plan.as_ref().is_some_and(|c| c.half_out()) {
+        true => (DType::F16, 2),
+        false => (DType::F32, 4),
+    };
+    let out = Tensor::gpu_empty(out_shape, out_dtype, w.device())?;
+    let obuf = out.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "output is not on a GPU"))?;
     let resid = match epi {
         Epilogue::Add(r) | Epilogue::AddRound(r, _) => {
             let r = r.contiguous()?;
@@ -1947,8 +1989,9 @@ fn qmatmul_with(
     let xq_own = if q8 && rounded.is_none() { Some(quantize_x_q8(&ctx, &x, n, cols, q8_norm)?) } else { None };
     let words = if normed.is_some() { Q8Rows::normed_word_count(n * cols) } else { Q8Rows::word_count(n * cols) };
     let xq = xq_own.as_ref().map(|(b, w)| (b, *w)).or(rounded.map(|b| (b, words)));
-    // The coop kernel's x as f16 (see coop::XAccess::Half).
+    // The coop kernel's x as f16 (see coop::XAccess::Half): as it came, or rounded now.
     let xh = match coop_plan.as_ref().is_some_and(|c| c.x_half()) {
+        true if x_f16 => Some(x.clone()),
         true => Some(super::coop::x_to_f16(&ctx, &x, coop_norm)?),
         false => None,
     };
@@ -1964,7 +2007,11 @@ fn qmatmul_with(
     };
     // x's bytes per element (f16 for the coop kernel's Half access), its first byte.
     let (xbuf, x_elem, x_start) = match &xh {
-        Some(h) => (h.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?, 2, 0),
+        Some(h) => (
+            h.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "input is not on a GPU"))?,
+            2,
+            h.layout().offset as u64 * 2,
+        ),
         None => (xbuf, 4, x.layout().offset as u64 * 4),
     };
     // The matvec kernel reads x in vec4 units for the quantized types, in elements otherwise.
@@ -1982,7 +2029,8 @@ fn qmatmul_with(
                     window(xbuf.buffer(), x_start + (n0 * cols) as u64 * x_elem, (nc * cols) as u64 * x_elem)
                 }
             };
-            let (obind, o_delta) = window(obuf.buffer(), (n0 * out_rows) as u64 * 4, (nc * out_rows) as u64 * 4);
+            let (obind, o_delta) =
+                window(obuf.buffer(), (n0 * out_rows * out_elem) as u64, (nc * out_rows * out_elem) as u64);
             let mut binds = vec![Bind::Slice(wbuf.buffer(), s.bind_off, s.bind_len), xbind, obind];
             let mut r_off = 0;
             if let Some((rbuf, roff)) = resid_buf {
@@ -2000,7 +2048,7 @@ fn qmatmul_with(
             if let Some(r) = &rope {
                 r.push_binds(&mut binds);
             }
-            let out_off = u(o_delta as usize / 4 + s.r0)?;
+            let out_off = u(o_delta as usize / out_elem + s.r0)?;
             let x_off = u(x_delta as usize / x_unit)?;
             match kernel {
                 QKernel::Matvec => {

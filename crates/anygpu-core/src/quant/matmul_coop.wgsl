@@ -54,7 +54,10 @@
 // the gate and up rows of 64 output columns, so that a subgroup's accumulators pair them, and
 // the drain writes silu(gate) * up, [n, f]: no [n, 2f] product written and read back, no silu
 // and mul dispatches (H100, 8B Q4_0 pp512 5,129 / 6,133 -> 6,475 / 6,798 tok/s, 1B F16 31,248
-// / 31,720 -> 35,211 / 35,300).
+// / 31,720 -> 35,211 / 35,300). Before a down projection that reads x as f16, the drain writes
+// f16 (the host's `output_wgsl`), the values that projection would round x to: half the bytes
+// out, and no f32 output read back and rounded by a dispatch of its own (H100, 8B Q4_0 pp512
+// 8,706-8,826 -> 9,153-9,216, 1B F16 43.2-43.8k -> 46.5-46.7k).
 //
 // The header constant BX comes from the host (quant/coop.rs), which assembles the kernel with
 // common.wgsl (one type's sections), one of the two x sections below (xvec where cols and x_off
@@ -79,7 +82,9 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// The output (binding 3) comes from the host (coop.rs, `output_wgsl`): f32, or under GLU f16 for
+// a next product that reads x as f16 (`QOptions::f16_out`), with `out8(o, v, n)` (elements o ..
+// o + n of v, n <= 8) and `store16(c, i)` (the direct drain's store).
 
 // x (binding 2) as runs of 8: `Raw_x`, `ld_x(i, n)` (the run at element i with its first n
 // elements inside the row, n = 0 to 8) and `st_x(at, r, n)` (rounded to f16, zero past n, into
@@ -223,14 +228,16 @@ fn lane8(at: u32, lane: u32) -> array<f32, 8> {
 fn put8(lane: u32, xr0: u32, oc0: u32, v: array<f32, 8>, cols: u32) {
     let xrow = xr0 + lane / 2u;
     let oc = oc0 + (lane % 2u) * 8u;
-    if (xrow < p.n) {
-        let o = p.out_off + xrow * p.out_stride + oc;
+    if (xrow < p.n && oc < cols) {
         let r = p.r_off + xrow * p.out_stride + oc;
+        let n = min(cols - oc, 8u);
+        var s = v;
         for (var e = 0u; e < 8u; e++) {
-            if (oc + e < cols) {
-                out[o + e] = v[e] + resid_at(r + e);
+            if (e < n) {
+                s[e] += resid_at(r + e);
             }
         }
+        out8(p.out_off + xrow * p.out_stride + oc, s, n);
     }
 }
 
@@ -568,15 +575,6 @@ fn matmul(
 }
 
 // @@ xvec xscalar xhalf
-// The 16 x 16 accumulator c into the output from element i, rows p.out_stride apart (16-byte
-// aligned: the host's `direct`, which the cooperative-matrix stores need).
-fn store16(c: coop_mat16x16<f32, C>, i: u32) {
-    // The stride through a `let`: naga 30's SPIR-V writer does not emit a stride expression
-    // written inline in the call (an internal error).
-    let stride = p.out_stride;
-    coopStoreT(c, &out[i], stride);
-}
-
 // The wide W tile's drain of accumulator c: lane l's 8 elements as `scratch8` reads them, through
 // a scratch of three 16 x 16 slots (all the workgroup memory its tiles leave), the subgroups
 // taking turns: 0-2, 3-5, 6-7. Its stores sit in branches on the subgroup: uniform within each
@@ -598,14 +596,6 @@ fn turn8(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> array<f32, 8> {
     return v;
 }
 // @@ xvec_emu xscalar_emu xhalf_emu
-// The emulated store16: this lane's 8 elements (row lane / 2, columns (lane % 2) * 8 ..).
-fn store16(c: EmuC, i: u32) {
-    let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;
-    for (var j = 0u; j < 8u; j++) {
-        out[at + j] = c.v[j];
-    }
-}
-
 // The emulated turn8: the scratch is this invocation's own, so no turns are needed.
 fn turn8(c: EmuC, sg: u32, lane: u32) -> array<f32, 8> {
     emu_store(c, 0u, 16u);

@@ -133,7 +133,7 @@ impl QTensor {
         }
     }
 
-    /// `x @ W^T`: x [.., cols] f32 -> [.., rows] f32.
+    /// `x @ W^T`: x [.., cols] f32 (or f16: see `QOptions::f16_out`) -> [.., rows] f32.
     pub fn qmatmul(&self, x: &Tensor) -> Result<Tensor> {
         const OP: &str = "qmatmul";
         if !x.device().same(&self.device) {
@@ -142,8 +142,8 @@ impl QTensor {
                 format!("input on {}, weights on {}", x.device().name(), self.device.name()),
             ));
         }
-        if x.dtype() != DType::F32 {
-            return Err(Error::mismatch(OP, format!("input must be f32, got {}", x.dtype())));
+        if !matches!(x.dtype(), DType::F32 | DType::F16) {
+            return Err(Error::mismatch(OP, format!("input must be f32 or f16, got {}", x.dtype())));
         }
         let k = *x.dims().last().ok_or_else(|| Error::shape(OP, "input is a scalar"))?;
         if k != self.cols {
@@ -157,7 +157,10 @@ impl QTensor {
         *out_shape.last_mut().expect("rank >= 1 checked above") = self.rows;
         match &self.device {
             Device::Cpu => {
-                let xs = x.contiguous()?.to_vec::<f32>()?;
+                let xs = match x.dtype() {
+                    DType::F16 => x.to_dtype(DType::F32)?.to_vec::<f32>()?,
+                    _ => x.contiguous()?.to_vec::<f32>()?,
+                };
                 let w = self.cpu_bytes().ok_or_else(|| Error::mismatch(OP, "weights not on the CPU"))?;
                 let mut y = vec![0f32; n * self.rows];
                 if self.cpu_math == CpuMath::Q8 {

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use anygpu_core::ops::attention::AttentionOpts;
 use anygpu_core::ops::attention_decode::short_decode_keys;
 use anygpu_core::ops::rope::RopeOpts;
+use anygpu_core::quant::coop;
+use anygpu_core::quant::gpu::QOptions;
 use anygpu_core::quant::{CpuMath, QTensor, RmsNorm, SharedBytes};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
 
@@ -227,6 +229,17 @@ impl Loader<'_> {
 fn fused_combine() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("ANYGPU_FUSED_COMBINE").map(|v| v != "0").unwrap_or(true))
+}
+
+/// The gate|up product's options before the down projection `down`: on a GPU's prefill the
+/// SwiGLU output comes as f16 where the down projection's kernel (the same coop kernel) reads its
+/// x as f16 (`QOptions::f16_out`: the same values, no f32 copy and no rounding dispatch between
+/// the two). `ANYGPU_GLU_F16=0` keeps it f32 (for comparisons: the results are the same). Read
+/// once.
+fn gate_up_opts(down: &QTensor) -> QOptions {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("ANYGPU_GLU_F16").map(|v| v != "0").unwrap_or(true));
+    QOptions { f16_out: on && coop::takes_type(down.ggml_type()), ..QOptions::default() }
 }
 
 impl Llama {
@@ -454,7 +467,7 @@ impl Llama {
             };
             let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
             let g = match &b.gate_up {
-                GateUp::Stacked(w) => w.qmatmul_glu_rms(&x, ffn_norm)?,
+                GateUp::Stacked(w) => w.qmatmul_glu_opts(&x, Some(ffn_norm), gate_up_opts(&b.w_down))?,
                 GateUp::Separate { gate, up } => {
                     let hn = x.rms_norm(Some(&b.ffn_norm), cfg.rms_eps)?;
                     gate.qmatmul(&hn)?.silu()?.mul(&up.qmatmul(&hn)?)?

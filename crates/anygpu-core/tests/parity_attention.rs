@@ -613,28 +613,47 @@ fn bench() {
 
 /// Prefill on cooperative matrices (attention_coop.wgsl) against the CPU, within the f16
 /// rounding of Q, K, V and P: causal runs longer than one 64-query block and not a multiple of
-/// it, a continuation (Tq < Tk) in a batch of two, grouped-query heads, no mask, head dims 16
-/// to 128; on every GPU device that takes it (its matrices emulated where it has none: every
+/// it (their workgroups run a late and an early block each: 2, 4 and an odd 5 blocks, the
+/// middle one alone), continuations (Tq < Tk) in a batch of two and over three blocks,
+/// grouped-query heads, no mask, head dims 16 to 128; on every GPU device that takes it (its matrices emulated where it has none: every
 /// device with f16 shaders runs it, the 128-wide heads where workgroup memory allows); and Q,
 /// K, V as strided views of one product.
 #[test]
 fn coop_prefill_matches_cpu() {
-    use anygpu_core::ops::attention_coop::{gpu_attention_coop, set_emulated};
+    use anygpu_core::ops::attention_coop::{gpu_attention_coop, set_emulated, set_pairs};
     let _serial = serial();
+    // Causal query blocks paired in every workgroup, and not, whatever their count (the rule
+    // pairs only runs of many blocks).
+    struct Unforce;
+    impl Drop for Unforce {
+        fn drop(&mut self) {
+            anygpu_core::ops::attention_coop::set_pairs(None);
+        }
+    }
+    let _unforce = Unforce;
     let cases = [
         case(1, 4, 2, 70, 70, 64, true),
         case(2, 2, 1, 64, 100, 32, true),
         case(1, 3, 3, 130, 130, 16, false),
         case(1, 2, 1, 200, 200, 64, true),
         case(1, 2, 1, 65, 65, 128, true),
+        case(1, 2, 1, 300, 300, 32, true),
+        case(1, 2, 2, 150, 260, 32, true),
     ];
     for dev in gpu_devices() {
         let ctx = dev.gpu().expect("a GPU device");
         let emulated = !ctx.caps.cooperative_matrix;
         set_emulated(emulated);
         let mut ran = 0;
-        for c in &cases {
-            let name = format!("coop {} on {}{}", c.name(), dev.name(), if emulated { " (emulated)" } else { "" });
+        for (c, pairs) in cases.iter().flat_map(|c| [(c, true), (c, false)]) {
+            set_pairs(Some(pairs));
+            let name = format!(
+                "coop {} on {}{}{}",
+                c.name(),
+                dev.name(),
+                if emulated { " (emulated)" } else { "" },
+                if pairs { " paired" } else { "" }
+            );
             let (q, k, v) = (
                 t(31, &[c.b, c.hq, c.tq, c.d], dev),
                 t(32, &[c.b, c.hkv, c.tk, c.d], dev),
@@ -670,9 +689,11 @@ fn coop_prefill_matches_cpu() {
             .unwrap_or_else(|m| panic!("{m}"));
         }
         set_emulated(false);
-        // Head dims up to 64 fit every device with f16 shaders (lavapipe's 32 KiB included).
+        // Head dims up to 64 fit every device with f16 shaders (lavapipe's 32 KiB included):
+        // every case but the one of 128, paired and not, and the views.
         if ctx.caps.shader_f16 {
-            assert!(ran >= 5, "the coop attention ran {ran} of {} cases on {}", cases.len() + 1, dev.name());
+            let want = 2 * (cases.len() - 1) + 1;
+            assert!(ran >= want, "the coop attention ran {ran} of {} cases on {}", 2 * cases.len() + 1, dev.name());
         }
     }
 }

@@ -5,7 +5,7 @@
 //! aligned rows); elsewhere the flash kernel (attention.wgsl), exact in f32, runs.
 //! `ANYGPU_ATTN_COOP=0` keeps the flash kernel everywhere (for comparisons).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::attention::{check, gpu_output, out_strides, AttentionOpts, Dims};
 use super::elementwise::buf;
@@ -38,7 +38,7 @@ struct Params {
     q_off: u32,
     k_off: u32,
     v_off: u32,
-    _pad: u32,
+    paired: u32,
     qs: [u32; 4],
     ks: [u32; 4],
     vs: [u32; 4],
@@ -91,6 +91,37 @@ fn usable(ctx: &GpuContext, s: &Dims, k: &Tensor, v: &Tensor, emulated: bool) ->
         && rows_ok(k)
         && rows_ok(v)
         && workgroup_bytes(s.d, emulated) <= c.max_compute_workgroup_storage_size
+}
+
+/// Query blocks (workgroups, unpaired) from which a causal run pairs them: a workgroup then
+/// runs a late block and an early one, whose keys add up alike for every pair (see the
+/// kernel's `attention`), instead of the last blocks walking twice the average while the
+/// first ones' SMs idle. With fewer blocks every one has an SM to itself, and a pair would
+/// only lengthen the longest. H100, 32 / 8 heads, kernel alone (`parity_attention bench`):
+/// 512 queries (256 blocks) 98.0 -> 75.0 µs at D = 128, 65.7 -> 47.9 at D = 64; 2,048
+/// queries 841.5 -> 793.6; but 128 queries (64 blocks) 16.9 -> 25.3.
+const PAIR_MIN_BLOCKS: usize = 256;
+
+/// `ANYGPU_ATTN_PAIRS=0|1` (read once), or the tests' [`set_pairs`]: unpaired or paired
+/// blocks under a causal mask whatever their count (for comparisons and tests).
+static PAIRS_FORCED: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Tests only: force the pairing of causal query blocks on (`Some(true)`) or off, or leave it
+/// to the rule (`None`). Process-wide until reset.
+#[doc(hidden)]
+pub fn set_pairs(v: Option<bool>) {
+    PAIRS_FORCED.store(v.map_or(u8::MAX, u8::from), Ordering::Relaxed);
+}
+
+/// Whether a run of `blocks` query blocks (batch x heads x blocks per head) pairs them.
+fn pairs_blocks(causal: bool, blocks: usize) -> bool {
+    static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let env = *ENV.get_or_init(|| std::env::var("ANYGPU_ATTN_PAIRS").ok().map(|v| v != "0"));
+    let forced = match PAIRS_FORCED.load(Ordering::Relaxed) {
+        u8::MAX => env,
+        v => Some(v == 1),
+    };
+    causal && forced.unwrap_or(blocks >= PAIR_MIN_BLOCKS)
 }
 
 /// The kernel's source: as written, or with its matrices emulated (the tests' variant).
@@ -172,6 +203,8 @@ pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOp
         u(t.layout().offset + t.dims().iter().zip(&t.layout().strides).map(|(n, s)| (n - 1) * s).sum::<usize>())?;
     }
     let n_qb = s.tq.div_ceil(BQ);
+    let paired = pairs_blocks(opts.causal, s.b * s.hq * n_qb);
+    let units = if paired { n_qb.div_ceil(2) } else { n_qb };
     let params = Params {
         batch: u(s.b)?,
         hq: u(s.hq)?,
@@ -184,7 +217,7 @@ pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOp
         q_off: u(q.layout().offset)?,
         k_off: u(k.layout().offset)?,
         v_off: u(v.layout().offset)?,
-        _pad: 0,
+        paired: paired as u32,
         qs: st(q)?,
         ks: st(k)?,
         vs: st(v)?,
@@ -192,7 +225,7 @@ pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOp
     };
     let pipeline = ctx.pipeline(&spec(s.d, emulated), &[])?;
     let binds = [Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(&out)?)];
-    let wgs = u(s.b * s.hq * n_qb)?;
+    let wgs = u(s.b * s.hq * units)?;
     ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(wgs))?;
     Ok(Some(out))
 }

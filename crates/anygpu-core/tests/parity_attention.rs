@@ -668,6 +668,19 @@ fn coop_prefill_matches_cpu() {
             let host = |x: &Tensor| x.to_device(&Device::Cpu).unwrap();
             let want = host(&q).attention(&host(&k), &host(&v), &c.opts()).unwrap().to_vec_f32().unwrap();
             check_close(&name, &got, &want, 4e-3, 1e-2).unwrap_or_else(|m| panic!("{m}"));
+            // The f16 output (for an output projection that reads x as f16): the f32 output
+            // rounded to f16, in the same [B, T, H, D] storage (for one head dim: a kernel
+            // variant more is slow to compile on lavapipe).
+            if c.d != 32 {
+                continue;
+            }
+            let half = AttentionOpts { f16_out: true, ..c.opts() };
+            let h = gpu_attention_coop(&q, &k, &v, &half).unwrap().expect("the f16 run takes the kernel too");
+            assert_eq!((h.dtype(), h.dims()), (anygpu_core::DType::F16, &[c.b, c.hq, c.tq, c.d][..]), "{name}");
+            let h = h.to_dtype(anygpu_core::DType::F32).unwrap().to_vec_f32().unwrap();
+            for (i, (&a, &b)) in got.iter().zip(&h).enumerate() {
+                assert!((a - b).abs() <= a.abs() / 2048.0 + 6e-8, "{name} f16 output [{i}]: {b} for {a}");
+            }
         }
         // Q, K and V read in place from one [B, T, 3H, D] product (BERT's fused path): strided
         // views, K and V rows still contiguous.
@@ -699,20 +712,21 @@ fn coop_prefill_matches_cpu() {
 }
 
 /// The coop attention kernel and its emulated variant parse, validate and translate to SPIR-V
-/// for every head dim it takes (most machines cannot run the real one).
+/// for every head dim it takes, with an f32 and an f16 output (most machines cannot run the
+/// real one).
 #[test]
 fn coop_kernel_validates_with_naga() {
     use anygpu_core::ops::attention_coop::spec;
     use wgpu::naga::valid::Capabilities as C;
     for d in [16usize, 32, 48, 64, 80, 96, 112, 128] {
-        for emulated in [false, true] {
+        for (emulated, half_out) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut caps = C::SHADER_FLOAT16_IN_FLOAT32 | C::SHADER_FLOAT16;
             if !emulated {
                 caps |= C::COOPERATIVE_MATRIX | C::SUBGROUP;
             }
-            let src = spec(d, emulated).source_text(&[]);
+            let src = spec(d, emulated, half_out).source_text(&[]);
             if let Err(e) = anygpu_core::testing::validate_wgsl_for_vulkan(&src, caps) {
-                panic!("attention_coop D={d} emulated={emulated}:\n{e}");
+                panic!("attention_coop D={d} emulated={emulated} half_out={half_out}:\n{e}");
             }
         }
     }

@@ -1630,6 +1630,7 @@ fn coop_kernel_validates_with_naga() {
 
 /// Prefill speed of the tiled and coop kernels at n = 512 on the first GPU, for the shapes of
 /// the target models (SmolLM2-135M, a 1B and an 8B llama): GFLOP/s per kernel and coop tile.
+/// Also the SwiGLU epilogue's product of the same matrix as a gate|up stack (column `glu`).
 /// `QBENCH_TYPES=Q4_0,F16` picks types, `QBENCH_SHAPES=6144x4096,...` the shapes (rows x cols),
 /// `QBENCH_N=2048` the x rows (512).
 /// `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture coop_prefill_speed`
@@ -1690,6 +1691,13 @@ fn coop_prefill_speed() {
                 let opts = QOptions { kernel: Some(kernel), ..Default::default() };
                 let (_, us) = time_us(d, 10, || qmatmul_opts(&w, &x, opts));
                 line.push_str(&format!("  {label} {us:7.1} us {:6.1} TFLOP/s", flop / us / 1e6));
+            }
+            // The same product as a gate|up stack through the SwiGLU epilogue, its output f16
+            // (as the FFN runs it): beside "coop auto", what the epilogue's drain costs.
+            if rows % 16 == 0 {
+                let opts = QOptions { kernel: Some(QKernel::Coop), f16_out: true, ..Default::default() };
+                let (_, us) = time_us(d, 10, || w.qmatmul_glu_opts(&x, None, opts));
+                line.push_str(&format!("  glu {us:7.1} us {:6.1} TFLOP/s", flop / us / 1e6));
             }
             eprintln!("{line}");
         }

@@ -55,12 +55,17 @@ pub struct AttentionOpts {
     /// walks the keys unsplit, see [`DECODE_WHOLE_KEYS`]). More keys than this is an error.
     /// None: the capacity.
     pub max_keys: Option<usize>,
+    /// Where the prefill's tensor-core kernel runs the call (`ops::attention_coop`), the
+    /// output is f16, rounded and clamped as a product that reads x as f16 rounds its x (the
+    /// output projection then reads it as it is: no f32 output written and read back, no
+    /// rounding dispatch); elsewhere f32.
+    pub f16_out: bool,
 }
 
 impl AttentionOpts {
     /// The usual options: scale 1/sqrt(D).
     pub fn new(head_dim: usize, causal: bool) -> AttentionOpts {
-        AttentionOpts { scale: 1.0 / (head_dim.max(1) as f32).sqrt(), causal, max_keys: None }
+        AttentionOpts { scale: 1.0 / (head_dim.max(1) as f32).sqrt(), causal, max_keys: None, f16_out: false }
     }
 }
 
@@ -233,9 +238,9 @@ fn as_bhtd(stored: Tensor) -> Result<Tensor> {
 }
 
 /// A new (uninitialised) GPU output, stored [B, Tq, Hq, D], seen as [B, Hq, Tq, D].
-pub(super) fn gpu_output(shape: [usize; 4], device: &crate::Device) -> Result<Tensor> {
+pub(super) fn gpu_output(shape: [usize; 4], half: bool, device: &crate::Device) -> Result<Tensor> {
     let [b, h, t, d] = shape;
-    as_bhtd(Tensor::gpu_empty(vec![b, t, h, d], DType::F32, device)?)
+    as_bhtd(Tensor::gpu_empty(vec![b, t, h, d], if half { DType::F16 } else { DType::F32 }, device)?)
 }
 
 /// The output's strides (b, h, t, d) in elements, for the kernels.
@@ -835,7 +840,7 @@ impl AttentionPartials {
     /// The second pass: the attention output [B, Hq, Tq, D] (f32, stored [B, Tq, Hq, D] as
     /// [`Tensor::attention`]'s), one dispatch.
     pub fn combine(&self) -> Result<Tensor> {
-        let out = gpu_output(self.shape, self.part.device())?;
+        let out = gpu_output(self.shape, false, self.part.device())?;
         self.combine_into(&out, None)?;
         Ok(out)
     }
@@ -1091,7 +1096,7 @@ pub fn gpu_attention_tuned(
     };
     if plan.splits == 1 {
         let s = &plan.s;
-        let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
+        let out = gpu_output([s.b, s.hq, s.tq, s.d], false, q.device())?;
         debug_assert_eq!(out_strides(&out)?, plan.params.os);
         plan.dispatch(q, k, v, &out, None)?;
         return Ok(out);
@@ -1129,7 +1134,7 @@ pub fn gpu_attention_q8(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts
     if plan.splits == 1 && !plan.rounds {
         return Ok(None);
     }
-    let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
+    let out = gpu_output([s.b, s.hq, s.tq, s.d], false, q.device())?;
     let rows = Q8Rows::for_x(out.permute(&[0, 2, 1, 3])?.reshape([s.b * s.tq, s.hq * s.d])?)?;
     if plan.splits == 1 {
         plan.dispatch(q, k, v, &out, Some(rows.words()))?;

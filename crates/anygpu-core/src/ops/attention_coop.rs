@@ -160,9 +160,28 @@ fn source(emulated: bool) -> String {
     s + super::COOP_EMU_WGSL + emu
 }
 
-/// The kernel's WGSL for head dim `d` (tests validate both variants offline).
+/// The kernel's f32 output and its `out8` (elements at .. at + 8 from the scratch, scaled).
+const OUT_F32: &str = "@group(0) @binding(4) var<storage, read_write> ob: array<f32>;
+fn out8(at: u32, s: u32, inv: f32) {
+    for (var e = 0u; e < 8u; e++) {
+        ob[at + e] = scratch[s + e] * inv;
+    }
+}";
+
+/// The f16 output: rounded and clamped as a product that reads x as f16 rounds it
+/// (`quant::coop::x_to_f16`); at is a multiple of 8 (D is a multiple of 16).
+const OUT_F16: &str = "@group(0) @binding(4) var<storage, read_write> ob: array<vec4<f16>>;
+fn out8(at: u32, s: u32, inv: f32) {
+    let lo = vec4<f32>(scratch[s], scratch[s + 1u], scratch[s + 2u], scratch[s + 3u]) * inv;
+    let hi = vec4<f32>(scratch[s + 4u], scratch[s + 5u], scratch[s + 6u], scratch[s + 7u]) * inv;
+    ob[at / 4u] = vec4<f16>(clamp(lo, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+    ob[at / 4u + 1u] = vec4<f16>(clamp(hi, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+}";
+
+/// The kernel's WGSL for head dim `d`, its output f16 or f32 (tests validate every variant
+/// offline).
 #[doc(hidden)]
-pub fn spec(d: usize, emulated: bool) -> KernelSpec {
+pub fn spec(d: usize, emulated: bool, half_out: bool) -> KernelSpec {
     // Built once per variant: the pipeline cache knows a source by its address.
     static SOURCES: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
     let text: &'static str = SOURCES[emulated as usize].get_or_init(|| source(emulated));
@@ -173,7 +192,7 @@ pub fn spec(d: usize, emulated: bool) -> KernelSpec {
         .with("enable f16;")
         .bounded_by_design();
     let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-    spec.constant_u32("D", d)
+    spec.constant_u32("D", d).with(if half_out { OUT_F16 } else { OUT_F32 })
 }
 
 /// Whether [`gpu_attention_coop`] runs this call (a GPU, the device and operands it takes): its
@@ -192,7 +211,7 @@ pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOp
     if off_by_env() || !usable(&ctx, &s, k, v, emulated) {
         return Ok(None);
     }
-    let out = gpu_output([s.b, s.hq, s.tq, s.d], q.device())?;
+    let out = gpu_output([s.b, s.hq, s.tq, s.d], opts.f16_out, q.device())?;
     let u = |x: usize| to_u32(OP, x);
     let st = |t: &Tensor| -> Result<[u32; 4]> {
         let l = &t.layout().strides;
@@ -223,7 +242,7 @@ pub fn gpu_attention_coop(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOp
         vs: st(v)?,
         os: out_strides(&out)?,
     };
-    let pipeline = ctx.pipeline(&spec(s.d, emulated), &[])?;
+    let pipeline = ctx.pipeline(&spec(s.d, emulated, opts.f16_out), &[])?;
     let binds = [Bind::Whole(buf(q)?), Bind::Whole(buf(k)?), Bind::Whole(buf(v)?), Bind::Whole(buf(&out)?)];
     let wgs = u(s.b * s.hq * units)?;
     ctx.dispatch(&pipeline, OP, bytemuck::bytes_of(&params), &binds, ctx.grid_1d(wgs))?;

@@ -49,7 +49,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read> qb: array<f32>;
 @group(0) @binding(2) var<storage, read> kb: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> vb: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> ob: array<f32>;
+// The output (binding 4) comes from the host (attention_coop.rs, `OUT_F32` / `OUT_F16`): f32,
+// or f16 for an output projection that reads x as f16 (`AttentionOpts::f16_out`), with
+// `out8(at, s, inv)`: elements at .. at + 8 of the output from scratch[s ..] times inv.
 
 const BQ: u32 = 64u;
 const BK: u32 = 32u;
@@ -138,9 +140,7 @@ fn emit(o: coop_mat16x16<f32, C>, j: u32, sg: u32, lane: u32, base: u32, live: b
     workgroupBarrier();
     let s = sg * 512u + (lane / 2u) * 16u + (lane % 2u) * 8u;
     if (live) {
-        for (var e = 0u; e < 8u; e++) {
-            ob[base + 16u * j + (lane % 2u) * 8u + e] = scratch[s + e] * inv;
-        }
+        out8(base + 16u * j + (lane % 2u) * 8u, s, inv);
     }
     workgroupBarrier();
 }

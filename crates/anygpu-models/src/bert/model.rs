@@ -315,7 +315,7 @@ impl BertModel {
             None
         };
         // The scale 1/sqrt(D) is folded into the query weights.
-        let opts = AttentionOpts { scale: 1.0, causal: false, max_keys: None };
+        let opts = AttentionOpts { scale: 1.0, causal: false, max_keys: None, f16_out: false };
 
         for l in &self.layers {
             let qkv = x.matmul_bias(&l.w_qkv, &l.b_qkv)?; // [B·T, 3C]

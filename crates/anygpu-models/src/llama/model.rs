@@ -231,15 +231,16 @@ fn fused_combine() -> bool {
     *ON.get_or_init(|| std::env::var("ANYGPU_FUSED_COMBINE").map(|v| v != "0").unwrap_or(true))
 }
 
-/// The gate|up product's options before the down projection `down`: on a GPU's prefill the
-/// SwiGLU output comes as f16 where the down projection's kernel (the same coop kernel) reads its
-/// x as f16 (`QOptions::f16_out`: the same values, no f32 copy and no rounding dispatch between
-/// the two). `ANYGPU_GLU_F16=0` keeps it f32 (for comparisons: the results are the same). Read
-/// once.
-fn gate_up_opts(down: &QTensor) -> QOptions {
+/// Whether a product `w` takes its x as f16 from the op that writes it: on a GPU's prefill, the
+/// SwiGLU and the attention write f16 where the next product (down, wo) is one the coop kernel
+/// takes, the values it would round its x to (`QOptions::f16_out`, `AttentionOpts::f16_out`: no
+/// f32 output written and read back, no rounding dispatch between the two).
+/// `ANYGPU_PREFILL_F16=0` keeps those outputs f32 (for comparisons: the results are the same).
+/// Read once.
+fn f16_handoff(w: &QTensor) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("ANYGPU_GLU_F16").map(|v| v != "0").unwrap_or(true));
-    QOptions { f16_out: on && coop::takes_type(down.ggml_type()), ..QOptions::default() }
+    let on = *ON.get_or_init(|| std::env::var("ANYGPU_PREFILL_F16").map(|v| v != "0").unwrap_or(true));
+    on && coop::takes_type(w.ggml_type())
 }
 
 impl Llama {
@@ -403,7 +404,7 @@ impl Llama {
         let short = self.first_stage_keys();
         let first_stage = t == 1 && pos < short && cache.capacity() > short;
         let max_keys = cache.attention_horizon.or(first_stage.then_some(short));
-        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys };
+        let attn = AttentionOpts { scale: 1.0 / (d as f32).sqrt(), causal: true, max_keys, f16_out: false };
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let mut x = x;
         // x rounded for the next RMSNorm by the product that wrote it, where the product after
@@ -457,6 +458,7 @@ impl Llama {
                 (None, Some(r), None) => (b.wo.qmatmul_add_q8(&r, &x)?, None),
                 (None, None, _) => {
                     // [1, H, T, D], stored [1, T, H, D]: the permute and reshape are views.
+                    let attn = AttentionOpts { f16_out: f16_handoff(&b.wo), ..attn };
                     let a = q.attention(&keys, &values, &attn)?;
                     let a = a.permute(&[0, 2, 1, 3])?.reshape([t, h * d])?;
                     match ffn_rounding {
@@ -467,7 +469,11 @@ impl Llama {
             };
             let ffn_norm = RmsNorm { weight: &b.ffn_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
             let g = match &b.gate_up {
-                GateUp::Stacked(w) => w.qmatmul_glu_opts(&x, Some(ffn_norm), gate_up_opts(&b.w_down))?,
+                GateUp::Stacked(w) => w.qmatmul_glu_opts(
+                    &x,
+                    Some(ffn_norm),
+                    QOptions { f16_out: f16_handoff(&b.w_down), ..QOptions::default() },
+                )?,
                 GateUp::Separate { gate, up } => {
                     let hn = x.rms_norm(Some(&b.ffn_norm), cfg.rms_eps)?;
                     gate.qmatmul(&hn)?.silu()?.mul(&up.qmatmul(&hn)?)?

@@ -224,8 +224,9 @@ pub struct QOptions {
     /// and its output rows are whole runs of 8, the output is f16, rounded and clamped as a
     /// product that reads x as f16 rounds its x: the FFN's down projection then reads it as it
     /// is (no f32 output written and read back, no rounding dispatch between the two).
-    /// Elsewhere the output stays f32. (Every product takes f16 x, widened to f32 where its
-    /// kernel does not read x as f16.)
+    /// Elsewhere the output stays f32. (The products without a norm prologue take f16 x:
+    /// `QTensor::qmatmul`, `qmatmul_add`, `qmatmul_add_rounding`, `qmatmul_glu`; widened to
+    /// f32, exactly, where their kernel does not read x as f16.)
     pub f16_out: bool,
 }
 

@@ -14,6 +14,10 @@
 //! times small integers) and F16 itself; F32 and BF16 weights (wider range or precision than
 //! f16) stay on the tiled kernel.
 //!
+//! x comes as f16 where its rows are whole runs of 8: rounded by `x_to_f16` (which can apply
+//! an RMSNorm on the way), or already f16 from the op that wrote it (the SwiGLU epilogue's f16
+//! output, `Plan::with_half_out`, or the tensor-core attention's), with the same values.
+//!
 //! # Tiles
 //!
 //! A workgroup of 8 subgroups of 32 owns BX x rows by 128 W rows (or 192: the wide tile,

@@ -1530,8 +1530,9 @@ fn coop_add_epilogue_matches_composition() {
 /// product rounds to f16 itself, in a dispatch of its own that the f16 input skips: the
 /// profile, where timestamps allow, shows it for the one and not the other). F a multiple of 8
 /// and of the type's block (the down projection's rows): 136 for F16 and 160 for Q4_0 (partial
-/// 64-column tiles), 256 for Q3_K; n 130 and 70, both x tiles; emulated where the device has no cooperative matrices. Also: products that do
-/// not read x as f16 (tiled, matvec, the CPU) take the f16 output widened to f32, exactly.
+/// 64-column tiles), 256 for Q3_K; n 130 and 70, both x tiles; emulated where the device has
+/// no cooperative matrices. Also: products that do not read x as f16 (tiled, matvec, the CPU)
+/// take the f16 output widened to f32, exactly.
 #[test]
 fn coop_glu_f16_out_feeds_the_down_product() {
     let _turn = one_at_a_time();
@@ -1608,7 +1609,7 @@ fn coop_glu_f16_out_feeds_the_down_product() {
     eprintln!("coop GLU f16 out ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
-/// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 3
+/// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 4
 /// epilogues, and the wide W tile's, for each W loader a type has) parses,
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
 /// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.

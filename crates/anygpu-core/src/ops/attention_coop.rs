@@ -168,14 +168,14 @@ fn out8(at: u32, s: u32, inv: f32) {
     }
 }";
 
-/// The f16 output: rounded and clamped as a product that reads x as f16 rounds it
-/// (`quant::coop::x_to_f16`); at is a multiple of 8 (D is a multiple of 16).
+/// The f16 output: rounded as a product that reads x as f16 rounds it (`to_f16`,
+/// super::TO_F16_WGSL); at is a multiple of 8 (D is a multiple of 16).
 const OUT_F16: &str = "@group(0) @binding(4) var<storage, read_write> ob: array<vec4<f16>>;
 fn out8(at: u32, s: u32, inv: f32) {
     let lo = vec4<f32>(scratch[s], scratch[s + 1u], scratch[s + 2u], scratch[s + 3u]) * inv;
     let hi = vec4<f32>(scratch[s + 4u], scratch[s + 5u], scratch[s + 6u], scratch[s + 7u]) * inv;
-    ob[at / 4u] = vec4<f16>(clamp(lo, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-    ob[at / 4u + 1u] = vec4<f16>(clamp(hi, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+    ob[at / 4u] = to_f16(lo);
+    ob[at / 4u + 1u] = to_f16(hi);
 }";
 
 /// The kernel's WGSL for head dim `d`, its output f16 or f32 (tests validate every variant
@@ -192,7 +192,7 @@ pub fn spec(d: usize, emulated: bool, half_out: bool) -> KernelSpec {
         .with("enable f16;")
         .bounded_by_design();
     let spec = if emulated { spec } else { spec.with("enable wgpu_cooperative_matrix;") };
-    spec.constant_u32("D", d).with(if half_out { OUT_F16 } else { OUT_F32 })
+    spec.constant_u32("D", d).with(super::TO_F16_WGSL).with(if half_out { OUT_F16 } else { OUT_F32 })
 }
 
 /// Whether [`gpu_attention_coop`] runs this call (a GPU, the device and operands it takes): its

@@ -23,7 +23,8 @@
 // swaps the matrix calls for the `emu_*` functions of the last section, which keep to that
 // ownership (its scratch is private).
 //
-// Host constant: D (16, 32, ..., 128).
+// Host constant: D (16, 32, ..., 128); host functions: `to_f16` (ops::TO_F16_WGSL, the rounding
+// of activations for the tensor cores) and the output's `out8` (attention_coop.rs).
 
 struct Params {
     batch: u32,
@@ -191,7 +192,7 @@ fn query_block(qblk: u32, bh: u32, tid: u32, sg: u32, lane: u32) {
         let ok = qi < p.tq;
         let base = p.q_off + bi * p.qs.x + h * p.qs.y + min(qi, p.tq - 1u) * p.qs.z + d * p.qs.w;
         let v = vec4<f32>(qb[base], qb[base + p.qs.w], qb[base + 2u * p.qs.w], qb[base + 3u * p.qs.w]);
-        sq[r * SD4 + i % D4] = vec4<f16>(clamp(select(vec4<f32>(0.0), v * p.scale, ok), vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+        sq[r * SD4 + i % D4] = to_f16(select(vec4<f32>(0.0), v * p.scale, ok));
     }
 
     // This lane's row (query) and its columns in each 16-key half of a tile.

@@ -29,6 +29,15 @@ pub const MAX_RANK: usize = 8;
 /// (`EmuM`, `EmuC`, `emu_mad`, `emu_store`; each kernel adds its `emu_el`).
 pub(crate) const COOP_EMU_WGSL: &str = include_str!("coop_emu.wgsl");
 
+/// WGSL `to_f16(v)`: four f32 rounded to f16, clamped to its range (an outlier activation
+/// saturates instead of becoming inf). The one rounding of the activations that the
+/// tensor-core kernels read as f16: `quant::coop`'s x (`x_to_f16`, or f16 written by the SwiGLU
+/// epilogue) and the attention's Q and f16 output, so that an op that writes f16 for a product
+/// writes the values the product would have rounded its x to.
+pub(crate) const TO_F16_WGSL: &str = "fn to_f16(v: vec4<f32>) -> vec4<f16> {
+    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+}";
+
 /// WGSL shared by kernels that walk strided layouts.
 pub(crate) const STRIDED_WGSL: &str = include_str!("strided.wgsl");
 

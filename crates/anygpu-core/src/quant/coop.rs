@@ -47,7 +47,7 @@ use super::gpu::{keep_sections, wgsl_name, QKernel, COMMON_WGSL};
 use super::GgmlType;
 use crate::error::{Error, Result};
 use crate::gpu::{Bind, GpuContext, KernelSpec, Pipeline};
-use crate::ops::to_u32;
+use crate::ops::{to_u32, TO_F16_WGSL};
 
 const OP: &str = "qmatmul";
 const COOP_WGSL: &str = include_str!("matmul_coop.wgsl");
@@ -489,22 +489,26 @@ impl Plan {
         } else {
             "fn resid_at(i: u32) -> f32 { return 0.0; }"
         };
-        spec.with(output_wgsl(self.half_out, emulated)).with(resid).with(match (self.add, emulated) {
-            (false, false) => "fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }",
-            (false, true) => "fn add16(i: u32) -> EmuC { return EmuC(); }",
-            (true, false) => {
-                "fn add16(i: u32) -> coop_mat16x16<f32, C> {\n\
+        spec.with(TO_F16_WGSL)
+            .with(output_wgsl(self.half_out))
+            .with(store16_wgsl(self.half_out, emulated))
+            .with(resid)
+            .with(match (self.add, emulated) {
+                (false, false) => "fn add16(i: u32) -> coop_mat16x16<f32, C> { return coop_mat16x16<f32, C>(); }",
+                (false, true) => "fn add16(i: u32) -> EmuC { return EmuC(); }",
+                (true, false) => {
+                    "fn add16(i: u32) -> coop_mat16x16<f32, C> {\n\
                      let stride = p.out_stride;\n\
                      return coopLoadT<coop_mat16x16<f32, C>>(&resid[i], stride);\n}"
-            }
-            (true, true) => {
-                "fn add16(i: u32) -> EmuC {\n\
+                }
+                (true, true) => {
+                    "fn add16(i: u32) -> EmuC {\n\
                      var m: EmuC;\n\
                      let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;\n\
                      for (var j = 0u; j < 8u; j++) { m.v[j] = resid[at + j]; }\n\
                      return m;\n}"
-            }
-        })
+                }
+            })
     }
 
     /// Records the product of one row slice of W with `d.n` x rows; `binds` are the weight
@@ -538,46 +542,46 @@ impl Plan {
     }
 }
 
-/// The kernel's output binding (3) and its writers: `out8(o, v, n)`, elements o .. o + n (n <=
-/// 8) of the output from v, and `store16(c, i)`, the 16 x 16 accumulator c into the output from
-/// element i, rows p.out_stride apart (the direct drain: 16-byte aligned, which the
-/// cooperative-matrix stores need). For an f16 output (GLU only, whose tiles all drain through
-/// the scratch: store16 is never called) o is a multiple of 8 and n is 8 (`Plan::with_half_out`).
-fn output_wgsl(half: bool, emulated: bool) -> &'static str {
-    match (half, emulated) {
-        (false, false) => {
+/// The kernel's output binding (3) and `out8(o, v, n)`, which writes elements o .. o + n (n <= 8)
+/// of the output from v: f32, or f16 (GLU only; o is then a multiple of 8 and n is 8, see
+/// `Plan::with_half_out`), rounded as x is rounded for this kernel.
+fn output_wgsl(half: bool) -> &'static str {
+    match half {
+        false => {
             "@group(0) @binding(3) var<storage, read_write> out: array<f32>;\n\
              fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
-                 for (var e = 0u; e < 8u; e++) { if (e < n) { out[o + e] = v[e]; } }\n}\n\
-             fn store16(c: coop_mat16x16<f32, C>, i: u32) {\n\
+                 for (var e = 0u; e < 8u; e++) { if (e < n) { out[o + e] = v[e]; } }\n}"
+        }
+        true => {
+            "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f16>>;\n\
+             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
+                 out[o / 4u] = to_f16(vec4<f32>(v[0], v[1], v[2], v[3]));\n\
+                 out[o / 4u + 1u] = to_f16(vec4<f32>(v[4], v[5], v[6], v[7]));\n}"
+        }
+    }
+}
+
+/// `store16(c, i)`: the 16 x 16 accumulator c into the output from element i, rows
+/// p.out_stride apart (the direct drain: 16-byte aligned, which the cooperative-matrix stores
+/// need). An f16 output has none: its GLU tiles all drain through the scratch, so it is never
+/// called.
+fn store16_wgsl(half: bool, emulated: bool) -> &'static str {
+    match (half, emulated) {
+        (false, false) => {
+            "fn store16(c: coop_mat16x16<f32, C>, i: u32) {\n\
                  // The stride through a `let`: naga 30's SPIR-V writer does not emit a stride\n\
                  // expression written inline in the call (an internal error).\n\
                  let stride = p.out_stride;\n\
                  coopStoreT(c, &out[i], stride);\n}"
         }
+        // This lane's 8 elements (row lane / 2, columns (lane % 2) * 8 ..).
         (false, true) => {
-            // This lane's 8 elements (row lane / 2, columns (lane % 2) * 8 ..).
-            "@group(0) @binding(3) var<storage, read_write> out: array<f32>;\n\
-             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
-                 for (var e = 0u; e < 8u; e++) { if (e < n) { out[o + e] = v[e]; } }\n}\n\
-             fn store16(c: EmuC, i: u32) {\n\
+            "fn store16(c: EmuC, i: u32) {\n\
                  let at = i + (emu_lane / 2u) * p.out_stride + (emu_lane % 2u) * 8u;\n\
                  for (var j = 0u; j < 8u; j++) { out[at + j] = c.v[j]; }\n}"
         }
-        (true, false) => {
-            "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f16>>;\n\
-             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
-                 out[o / 4u] = to_f16(vec4<f32>(v[0], v[1], v[2], v[3]));\n\
-                 out[o / 4u + 1u] = to_f16(vec4<f32>(v[4], v[5], v[6], v[7]));\n}\n\
-             fn store16(c: coop_mat16x16<f32, C>, i: u32) {}"
-        }
-        (true, true) => {
-            "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f16>>;\n\
-             fn out8(o: u32, v: array<f32, 8>, n: u32) {\n\
-                 out[o / 4u] = to_f16(vec4<f32>(v[0], v[1], v[2], v[3]));\n\
-                 out[o / 4u + 1u] = to_f16(vec4<f32>(v[4], v[5], v[6], v[7]));\n}\n\
-             fn store16(c: EmuC, i: u32) {}"
-        }
+        (true, false) => "fn store16(c: coop_mat16x16<f32, C>, i: u32) {}",
+        (true, true) => "fn store16(c: EmuC, i: u32) {}",
     }
 }
 
@@ -604,7 +608,7 @@ pub(super) fn x_to_f16(
     }
     let u = |v: usize| to_u32(OP, v);
     let Some((g, eps)) = norm else {
-        let spec = KernelSpec::new("qmatmul_x_f16", X_F16_WGSL, "main").with("enable f16;");
+        let spec = KernelSpec::new("qmatmul_x_f16", X_F16_WGSL, "main").with("enable f16;").with(TO_F16_WGSL);
         let pipeline = ctx.pipeline(&spec, &[])?;
         let runs = u(len / 8)?;
         let params = XF16Params { runs, off4: u(offset / 4)?, ..Default::default() };
@@ -618,7 +622,7 @@ pub(super) fn x_to_f16(
     }
     let gbuf = g.gpu_buffer().ok_or_else(|| Error::mismatch(OP, "norm weight is not on a GPU"))?;
     let rows = len / cols.max(1);
-    let spec = KernelSpec::new("qmatmul_x_f16_rms", X_F16_WGSL, "rms").with("enable f16;");
+    let spec = KernelSpec::new("qmatmul_x_f16_rms", X_F16_WGSL, "rms").with("enable f16;").with(TO_F16_WGSL);
     let pipeline = ctx.pipeline(&spec, &[])?;
     let params = XF16Params {
         runs: u(len / 8)?,
@@ -662,10 +666,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> g: array<vec4<f32>>;
-
-fn to_f16(v: vec4<f32>) -> vec4<f16> {
-    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

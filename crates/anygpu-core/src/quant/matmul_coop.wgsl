@@ -139,10 +139,8 @@ struct Raw8 {
     hi: vec4<f32>,
 }
 
-// Rounded to f16, clamped to its range (an outlier activation saturates instead of becoming inf).
-fn to_f16(v: vec4<f32>) -> vec4<f16> {
-    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-}
+// `to_f16` (rounded to f16, clamped to its range) comes from the host: ops::TO_F16_WGSL, the
+// rounding every op that hands f16 to this kernel shares.
 
 // Four f16 packed in two u32 words, as a vec4<f16> (exact: through f32).
 fn u2h(x: vec2<u32>) -> vec4<f16> {

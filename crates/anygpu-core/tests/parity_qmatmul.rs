@@ -1074,7 +1074,7 @@ fn coop_types() -> Vec<GgmlType> {
 /// x loads.
 fn coop_cols(ty: GgmlType) -> Vec<usize> {
     match ty.block_size() {
-        1 => vec![97, 100],
+        1 => vec![97, 100, 104],
         32 => vec![160],
         _ => vec![512],
     }
@@ -1155,7 +1155,7 @@ fn f16_exact_x(seed: u64, n: usize) -> Vec<f32> {
 ///
 /// On devices with cooperative matrices the kernel runs as it is; elsewhere (lavapipe) forcing
 /// it must fail with `Unsupported` and the reason, and the kernel runs with the cooperative
-/// matrices emulated (`coop::set_emulated`) for Q4_0, Q4_K and F16 (97 columns): everything but
+/// matrices emulated (`coop::set_emulated`) for Q4_0, Q4_K and F16 (97, 100 and 104 columns): everything but
 /// the coop operations themselves, whose conventions are those of ops/matmul_coop.wgsl; the
 /// tiles that fit the device's workgroup memory ([`coop_tiles`]; lavapipe: BX = 64 only).
 #[test]
@@ -1180,7 +1180,8 @@ fn coop_kernel_matches_cpu_exactly() {
                     for emulated in [false, true] {
                         // Emulated pipelines take seconds each to compile on lavapipe: a few
                         // types cover the kernel's paths (x by f16 runs and by element, F16
-                        // rows read raw (100 columns) or decoded (97), 18-byte blocks loaded
+                        // rows read as 16-byte words (104 columns), raw words (100) or decoded
+                        // (97), 18-byte blocks loaded
                         // early, k-quant super-blocks loaded early (Q4_K, Q5_K, Q6_K) and late
                         // (Q3_K)).
                         if emulated
@@ -1619,9 +1620,9 @@ fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
     // 108 per (type, loader): two x tiles, two K steps, three x accesses, four epilogues (none,
     // GLU, GLU with an f16 output, residual), real and emulated (96), and the wide W tile beside
-    // BX = 128 and K 64 for the two epilogues it takes (12). F16 has two loaders (raw words,
-    // decoded), the seven types whose runs lie in a few words two (early, late).
-    assert_eq!(variants.len(), (coop_types().len() + 1 + 7) * 108);
+    // BX = 128 and K 64 for the two epilogues it takes (12). F16 has three loaders (16-byte
+    // words, raw words, decoded), the seven types whose runs lie in a few words two (early, late).
+    assert_eq!(variants.len(), (coop_types().len() + 2 + 7) * 108);
     for (label, src, emulated) in &variants {
         if let Err(e) = validate_coop_wgsl(src, *emulated) {
             panic!("{label}:\n{e}");

@@ -25,7 +25,8 @@
 // invocation stages fixed runs of 8 elements whose addresses, workgroup slots and edge tests are
 // worked out before the K loop, and the next step's x runs are loaded into registers before the
 // current products and converted only after them. W runs are loaded raw the same way
-// (`W_EARLY`) where they are plain f16 words (F16 rows of even length) or a type's few raw
+// (`W_EARLY`) where they are plain f16 words (F16 rows of even length: one 16-byte load per run
+// where rows are whole runs, else four word loads) or a type's few raw
 // words (`raw8_<type>`: Q4_0, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), decoded after the products
 // (H100, 8B Q4_0 pp512 4,896 -> 5,486 tok/s); the other types' runs (Q5_0, Q2_K, Q3_K) are
 // loaded and decoded after the products, so each step waits for their loads once.
@@ -81,7 +82,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+// The weights (binding 1) come with the host's W loader (coop.rs, `w_loader`): u32 words, or
+// 16-byte words where F16 rows are whole runs of 8 (one load per run).
 // The output (binding 3) comes from the host (coop.rs, `output_wgsl`): f32, or under GLU f16 for
 // a next product that reads x as f16 (`QOptions::f16_out`), with `out8(o, v, n)` (elements o ..
 // o + n of v, n <= 8) and `store16(c, i)` (the direct drain's store).

@@ -767,10 +767,11 @@ fn direct_off() -> bool {
 }
 
 /// The kernel's WGSL for one type, x access and W loader: common.wgsl with that type's
-/// sections, matmul_coop.wgsl with its `xvec` or `xscalar` section and the W loader
-/// ([`w_loader`]), and the forwards to the type's decoders; or the tests' emulated variant.
-/// Built once per (type, access, loader, variant) and kept (156 strings at most), so the
-/// pipeline cache can key on a `&'static str`.
+/// sections (none for [`WLoad::F16Vec`]), matmul_coop.wgsl with its `xvec`, `xscalar` or
+/// `xhalf` section and the W loader ([`w_loader`]), and the forwards to the type's decoders;
+/// or the tests' emulated variant. Built once per (type, access, loader, variant) and kept
+/// (162 strings at most: two loaders per type, three for F16; three x accesses; real or
+/// emulated), so the pipeline cache can key on a `&'static str`.
 fn source(ty: GgmlType, x: XAccess, w_load: WLoad, emulated: bool) -> &'static str {
     static SOURCES: [[[[OnceLock<&'static str>; 2]; 4]; 3]; 13] =
         [const { [const { [const { [const { OnceLock::new() }; 2] }; 4] }; 3] }; 13];

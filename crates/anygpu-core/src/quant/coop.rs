@@ -781,7 +781,7 @@ fn source(ty: GgmlType, x: XAccess, w_load: WLoad, emulated: bool) -> &'static s
     SOURCES[ti][xi][li][emulated as usize].get_or_init(|| {
         let name = wgsl_name(ty);
         let tag = x.tag(emulated);
-        let mut kernel = keep_sections(COOP_WGSL, tag).replace("{{W_LOADER}}", w_loader(w_load));
+        let mut kernel = keep_sections(COOP_WGSL, tag).replace("{{W_LOADER}}", &w_loader(w_load));
         if emulated {
             kernel = emulate(&kernel);
         }
@@ -809,51 +809,46 @@ fn source(ty: GgmlType, x: XAccess, w_load: WLoad, emulated: bool) -> &'static s
 /// `st_w`) or must come after them (it decodes, waiting for its loads). A run of a quantized
 /// row is 0 or 8 weights (rows are whole blocks), so `n` only says whether it is staged.
 /// Each loader declares the weights' binding (1): u32 words, or 16-byte words for
-/// [`WLoad::F16Vec`].
-fn w_loader(load: WLoad) -> &'static str {
+/// [`WLoad::F16Vec`]. Built once per kernel source ([`source`]).
+fn w_loader(load: WLoad) -> String {
+    const WORDS: &str = "@group(0) @binding(1) var<storage, read> w: array<u32>;\n";
+    // Both F16 loaders: a run's 16 raw bytes, converted after the products.
+    const F16_STAGE: &str = "const W_EARLY: u32 = 1u;\n\
+         alias Raw_w = vec4<u32>;\n\
+         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
+             sw[at] = mask4(u2h(r.xy), n);\n    \
+             sw[at + 1u] = mask4(u2h(r.zw), max(n, 4u) - 4u);\n}\n";
     match load {
-        WLoad::Early => {
-            "@group(0) @binding(1) var<storage, read> w: array<u32>;\n\
-         const W_EARLY: u32 = 1u;\n\
-         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
-             return raw8(rb, c);\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
-             let v = dec8(r, rb, c);\n    \
-             sw[at] = select(vec4<f16>(0.0h), vec4<f16>(v.lo), n > 0u);\n    \
-             sw[at + 1u] = select(vec4<f16>(0.0h), vec4<f16>(v.hi), n > 0u);\n}\n"
-        }
-        WLoad::F16Vec => {
-            "@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;\n\
-         const W_EARLY: u32 = 1u;\n\
-         alias Raw_w = vec4<u32>;\n\
-         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
-             return w[(rb + 2u * c) >> 4u];\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
-             sw[at] = mask4(u2h(r.xy), n);\n    \
-             sw[at + 1u] = mask4(u2h(r.zw), max(n, 4u) - 4u);\n}\n"
-        }
-        WLoad::F16Raw => {
-            "@group(0) @binding(1) var<storage, read> w: array<u32>;\n\
-         const W_EARLY: u32 = 1u;\n\
-         alias Raw_w = vec4<u32>;\n\
-         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
-             let i = (rb + 2u * c) >> 2u;\n    \
-             return vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
-             sw[at] = mask4(u2h(r.xy), n);\n    \
-             sw[at + 1u] = mask4(u2h(r.zw), max(n, 4u) - 4u);\n}\n"
-        }
-        WLoad::Late => {
-            "@group(0) @binding(1) var<storage, read> w: array<u32>;\n\
-         const W_EARLY: u32 = 0u;\n\
-         alias Raw_w = V8;\n\
-         fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {\n    \
-             if (n == 0u) {\n        return V8(vec4<f32>(0.0), vec4<f32>(0.0));\n    }\n    \
-             return deq8(rb, c, p.cols);\n}\n\
-         fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {\n    \
-             sw[at] = vec4<f16>(r.lo);\n    \
-             sw[at + 1u] = vec4<f16>(r.hi);\n}\n"
-        }
+        WLoad::Early => format!(
+            "{WORDS}const W_EARLY: u32 = 1u;\n\
+             fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {{\n    \
+                 return raw8(rb, c);\n}}\n\
+             fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {{\n    \
+                 let v = dec8(r, rb, c);\n    \
+                 sw[at] = select(vec4<f16>(0.0h), vec4<f16>(v.lo), n > 0u);\n    \
+                 sw[at + 1u] = select(vec4<f16>(0.0h), vec4<f16>(v.hi), n > 0u);\n}}\n"
+        ),
+        WLoad::F16Vec => format!(
+            "@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;\n{F16_STAGE}\
+             fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {{\n    \
+                 return w[(rb + 2u * c) >> 4u];\n}}\n"
+        ),
+        WLoad::F16Raw => format!(
+            "{WORDS}{F16_STAGE}\
+             fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {{\n    \
+                 let i = (rb + 2u * c) >> 2u;\n    \
+                 return vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);\n}}\n"
+        ),
+        WLoad::Late => format!(
+            "{WORDS}const W_EARLY: u32 = 0u;\n\
+             alias Raw_w = V8;\n\
+             fn ld_w(rb: u32, c: u32, n: u32) -> Raw_w {{\n    \
+                 if (n == 0u) {{\n        return V8(vec4<f32>(0.0), vec4<f32>(0.0));\n    }}\n    \
+                 return deq8(rb, c, p.cols);\n}}\n\
+             fn st_w(at: u32, r: Raw_w, n: u32, rb: u32, c: u32) {{\n    \
+                 sw[at] = vec4<f16>(r.lo);\n    \
+                 sw[at + 1u] = vec4<f16>(r.hi);\n}}\n"
+        ),
     }
 }
 

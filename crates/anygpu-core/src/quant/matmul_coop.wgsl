@@ -61,9 +61,10 @@
 // 8,706-8,826 -> 9,153-9,216, 1B F16 43.2-43.8k -> 46.5-46.7k).
 //
 // The header constant BX comes from the host (quant/coop.rs), which assembles the kernel with
-// common.wgsl (one type's sections), one of the two x sections below (xvec where cols and x_off
-// are multiples of 4, else xscalar) and the W loader (`W_EARLY`, `Raw_w`, `ld_w(rb, c, n)`,
-// `st_w(at, r, n)`: coop.rs, `w_loader`). The `*_emu` sections are the tests' variant without
+// common.wgsl (one type's sections; none for F16 rows read as 16-byte words), one of the three
+// x sections below (xhalf where x goes in as f16, else xvec where cols and x_off are multiples
+// of 4, else xscalar) and the W loader (the weights' binding, `W_EARLY`, `Raw_w`,
+// `ld_w(rb, c, n)`, `st_w(at, r, n)`: coop.rs, `w_loader`). The `*_emu` sections are the tests' variant without
 // cooperative matrices (the end of this file).
 
 struct Params {

@@ -1088,6 +1088,7 @@ impl Drop for CoopReset {
         anygpu_core::quant::coop::set_tile_override(None);
         anygpu_core::quant::coop::set_w_tile_override(None);
         anygpu_core::quant::coop::set_emulated(false);
+        anygpu_core::quant::dequant_f16::set_override(None);
     }
 }
 
@@ -1615,6 +1616,103 @@ fn coop_glu_f16_out_feeds_the_down_product() {
 /// validates with the capabilities wgpu grants a device with cooperative matrices, and
 /// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
 /// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
+/// The f16 copy of quantized weights (quant/dequant_f16.rs) against the CPU's dequantization
+/// rounded to f16, for every quantized type, rows of 1, 7 and 33 of each type's column cases,
+/// in one dispatch and in dispatches of three rows (a binding limit that slices the copy, each
+/// slice's blocks bound at an offset). The GPU's f32 decoding may fuse a multiply and an add
+/// where the CPU's rounds twice, so a value may sit one f16 step away, never more.
+#[test]
+fn dequant_f16_matches_cpu() {
+    use anygpu_core::quant::dequant_f16::dequantize_to_f16;
+    let _turn = one_at_a_time();
+    let mut ran = Vec::new();
+    for d in gpu_devices().iter().filter(|d| d.gpu().is_some_and(|c| c.caps.shader_f16)) {
+        for ty in TYPES.into_iter().filter(|t| t.is_quantized()) {
+            for cols in col_cases(ty) {
+                for rows in [1usize, 7, 33] {
+                    let bytes = random_weights(ty.id() as u64 * 77 + (rows * cols) as u64, ty, rows, cols);
+                    let want: Vec<f32> = dequantize_to_vec(ty, &bytes, rows * cols)
+                        .unwrap()
+                        .into_iter()
+                        .map(|v| f16::from_f32(v).to_f32())
+                        .collect();
+                    let w = QTensor::from_vec(ty, rows, cols, bytes, d).unwrap();
+                    for limit in [None, Some(256 + 3 * 2 * cols as u64)] {
+                        let what = format!("f16 copy of {ty} [{rows}, {cols}] {limit:?} on {}", d.name());
+                        let opts = QOptions { max_binding: limit, ..Default::default() };
+                        let copy = dequantize_to_f16(&w, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!((copy.ggml_type(), copy.rows(), copy.cols()), (GgmlType::F16, rows, cols), "{what}");
+                        let got = copy.dequantize().unwrap().to_vec_f32().unwrap();
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            let step = f16::from_f32(w.abs()).to_f32() * 2f32.powi(-10) + 2f32.powi(-24);
+                            assert!((g - w).abs() <= step, "{what}: element {i}: got {g}, reference {w}");
+                        }
+                    }
+                }
+            }
+        }
+        ran.push(d.name());
+    }
+    assert!(
+        !ran.is_empty() || std::env::var("ANYGPU_REQUIRE_GPU").is_err(),
+        "no GPU with f16 shaders ran the f16 copy"
+    );
+    eprintln!("f16 copy ran on: {}", if ran.is_empty() { "nothing".to_string() } else { ran.join("; ") });
+}
+
+/// A coop product of quantized weights through their f16 copy equals the same product
+/// decoding the blocks in its staging: the copy holds the f16 values the staging rounds to,
+/// and the F16 kernel adds them up in the same order, so bit for bit for the types whose runs
+/// are loaded before the products (K steps of 64, as F16's). The others step K by 32, where
+/// the wide W tile does not fit, which the copy's plan may take: a residual is then added at
+/// another point of the sum for some rows (the H100 showed one f32 ulp for Q5_0), so those
+/// agree to 1e-6 of the largest output. Past the copy (every type's: `dequant_f16_matches_cpu`)
+/// the product is the F16 one whatever the type, so three types: Q4_0 and Q6_K (early, 32- and
+/// 256-weight blocks) and Q3_K (late); plain and with the GLU (f16 output) and residual
+/// epilogues, n = 130 (forced on: the default copies from `DEQUANT_MIN_N` rows), every tile,
+/// emulated where the device has no cooperative matrices.
+#[test]
+fn coop_f16_copy_equals_decoded_product() {
+    use anygpu_core::quant::dequant_f16;
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let (rows, n) = (260usize, 130usize);
+    let mut ran = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::Q3K] {
+        let cols = coop_cols(ty)[0];
+        let bytes = random_weights(ty.id() as u64 + 1300, ty, rows, cols);
+        let x_cpu = Tensor::from_vec(rand_vec(41, n * cols), [n, cols], &Device::Cpu).unwrap();
+        let r_cpu = Tensor::from_vec(rand_vec(42, n * rows), [n, rows], &Device::Cpu).unwrap();
+        ran.extend(on_coop_devices(ty, |d, bx| {
+            let w = QTensor::from_vec(ty, rows, cols, bytes.clone(), d).unwrap();
+            let (x, r) = (x_cpu.to_device(d).unwrap(), r_cpu.to_device(d).unwrap());
+            let glu = QOptions { f16_out: true, ..coop_opts(None) };
+            for (epi, run) in [
+                ("plain", &(|| qmatmul_opts(&w, &x, coop_opts(None))) as &dyn Fn() -> Result<Tensor>),
+                ("glu", &|| w.qmatmul_glu_opts(&x, None, glu)),
+                ("add", &|| w.qmatmul_add_opts(&x, &r, coop_opts(None))),
+            ] {
+                let what = format!("coop {ty} [{rows}, {cols}] n={n} BX={bx} {epi} on {}", d.name());
+                let mut outs = Vec::new();
+                for copy in [false, true] {
+                    dequant_f16::set_override(Some(copy));
+                    let out = run().unwrap_or_else(|e| panic!("{what} (copy {copy}): {e}"));
+                    outs.push(out.to_dtype(anygpu_core::DType::F32).unwrap().to_vec_f32().unwrap());
+                }
+                dequant_f16::set_override(None);
+                assert!(outs.iter().flatten().all(|v| v.is_finite()), "{what}: non-finite output");
+                let early = !matches!(ty, GgmlType::Q5_0 | GgmlType::Q2K | GgmlType::Q3K);
+                let tol = if early { 0.0 } else { 1e-6 * outs[0].iter().fold(0f32, |m, v| m.max(v.abs())) };
+                if let Some(i) = (0..outs[0].len()).find(|&i| (outs[0][i] - outs[1][i]).abs() > tol) {
+                    panic!("{what}: element {i}: decoded {} but through the f16 copy {}", outs[0][i], outs[1][i]);
+                }
+            }
+            None
+        }));
+    }
+    eprintln!("coop f16 copy ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
@@ -1639,7 +1737,7 @@ fn coop_kernel_validates_with_naga() {
 #[test]
 #[ignore]
 fn coop_prefill_speed() {
-    use anygpu_core::quant::coop;
+    use anygpu_core::quant::{coop, dequant_f16};
     let _turn = one_at_a_time();
     let _reset = CoopReset;
     let Some(d) = gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained)) else {
@@ -1683,20 +1781,35 @@ fn coop_prefill_speed() {
             let x = upload_x(4, n, cols, d).unwrap();
             let flop = 2.0 * (rows * cols * n) as f64;
             let mut line = format!("prefill {:5} [{rows:5}, {cols:5}] n={n}:", ty.name());
-            for (label, kernel, bx) in [
-                ("tiled", QKernel::Tiled, None),
-                ("coop64", QKernel::Coop, Some(64)),
-                ("coop128", QKernel::Coop, Some(128)),
-                ("coop auto", QKernel::Coop, None),
-            ] {
+            // The coop columns decode the blocks in the product; "f16 copy" is "coop auto"
+            // reading the f16 copy of W made first (quantized types; its time included).
+            let copy = ty.is_quantized().then_some(("f16 copy", QKernel::Coop, None, true));
+            for (label, kernel, bx, deq) in [
+                ("tiled", QKernel::Tiled, None, false),
+                ("coop64", QKernel::Coop, Some(64), false),
+                ("coop128", QKernel::Coop, Some(128), false),
+                ("coop auto", QKernel::Coop, None, false),
+            ]
+            .into_iter()
+            .chain(copy)
+            {
                 coop::set_tile_override(bx);
+                dequant_f16::set_override(Some(deq));
                 let opts = QOptions { kernel: Some(kernel), ..Default::default() };
                 let (_, us) = time_us(d, 10, || qmatmul_opts(&w, &x, opts));
                 line.push_str(&format!("  {label} {us:7.1} us {:6.1} TFLOP/s", flop / us / 1e6));
             }
+            // The f16 copy alone, its bytes read and written over its time.
+            if ty.is_quantized() {
+                let copy = || dequant_f16::dequantize_to_f16(&w, &QOptions::default()).map(|_| x.clone());
+                let (_, us) = time_us(d, 10, copy);
+                let bytes = (w.byte_len() + rows * cols * 2) as f64;
+                line.push_str(&format!("  copy {us:7.1} us {:5.2} TB/s", bytes / us / 1e6));
+            }
             // The same product as a gate|up stack through the SwiGLU epilogue, its output f16
             // (as the FFN runs it): beside "coop auto", what the epilogue's drain costs.
             if rows % 16 == 0 {
+                dequant_f16::set_override(None);
                 let opts = QOptions { kernel: Some(QKernel::Coop), f16_out: true, ..Default::default() };
                 let (_, us) = time_us(d, 10, || w.qmatmul_glu_opts(&x, None, opts));
                 line.push_str(&format!("  glu {us:7.1} us {:6.1} TFLOP/s", flop / us / 1e6));

@@ -187,6 +187,13 @@ pub fn run(device: Option<&str>, args: Args) -> CliResult {
             .map(|r| pp(&lm.model, &mut cache, args.n_prompt, depth, r as u64 + 1))
             .collect::<anygpu_core::Result<Vec<_>>>()?;
         let (m, sd) = mean_sd(&v);
+        if let Some((bytes, reserved)) = lm.model.device().gpu().and_then(|g| g.memory_use()) {
+            eprintln!(
+                "anygpu: GPU memory after the prefill: {} MiB allocated in {} MiB of blocks (its pooled buffers included)",
+                bytes >> 20,
+                reserved >> 20
+            );
+        }
         if std::env::var("ANYGPU_PROFILE_PREFILL").is_ok_and(|v| v == "1") {
             profile_prefill(&lm.model, args.n_prompt)?;
         }

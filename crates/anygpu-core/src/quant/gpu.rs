@@ -95,6 +95,7 @@ const QUANTIZE_Q8_WGSL: &str = include_str!("quantize_q8.wgsl");
 pub(crate) const ROUND_Q8_WGSL: &str = include_str!("round_q8.wgsl");
 const MATMUL_WGSL: &str = include_str!("matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("gather.wgsl");
+const DEQUANT_F16_WGSL: &str = include_str!("dequant_f16.wgsl");
 
 /// Invocations per workgroup of every kernel here (WebGPU's default maximum).
 pub(super) const WG: usize = 256;
@@ -305,7 +306,7 @@ fn row_slices(op: &'static str, w: &QTensor, max_binding: u64) -> Result<Vec<Row
 }
 
 /// The weight buffer and its context.
-fn gpu_weights(op: &'static str, w: &QTensor) -> Result<(Arc<GpuBuffer>, Arc<GpuContext>)> {
+pub(super) fn gpu_weights(op: &'static str, w: &QTensor) -> Result<(Arc<GpuBuffer>, Arc<GpuContext>)> {
     match w.storage() {
         QStorage::Gpu(b) => Ok((b.clone(), b.context().clone())),
         QStorage::Cpu { .. } => Err(Error::mismatch(op, "weights are not on a GPU")),
@@ -314,13 +315,13 @@ fn gpu_weights(op: &'static str, w: &QTensor) -> Result<(Arc<GpuBuffer>, Arc<Gpu
 
 /// The largest binding to use: the device's limit (or a test's), kept within the kernels' u32
 /// byte offsets.
-fn binding_limit(ctx: &GpuContext, opts: &QOptions) -> u64 {
+pub(super) fn binding_limit(ctx: &GpuContext, opts: &QOptions) -> u64 {
     opts.max_binding.unwrap_or(ctx.caps.max_storage_buffer_binding_size).min(u32::MAX as u64)
 }
 
 /// A binding that starts `start` bytes into `buf` and spans `len` bytes, at an offset rounded
 /// down to [`BIND_ALIGN`]; returns it with the distance from its start to `start`.
-fn window(buf: &wgpu::Buffer, start: u64, len: u64) -> (Bind<'_>, u64) {
+pub(super) fn window(buf: &wgpu::Buffer, start: u64, len: u64) -> (Bind<'_>, u64) {
     let off = start / BIND_ALIGN * BIND_ALIGN;
     (Bind::Slice(buf, off, start - off + len), start - off)
 }
@@ -392,7 +393,7 @@ pub(super) fn keep_sections(src: &str, tag: &str) -> String {
 
 /// The kernels of this module.
 #[derive(Clone, Copy)]
-enum Source {
+pub(super) enum Source {
     Matvec = 0,
     Matmul = 1,
     Gather = 2,
@@ -400,6 +401,8 @@ enum Source {
     MatvecQ8 = 3,
     /// MatvecQ8 with the weights bound as vec4s ([`vec4_weights`]).
     MatvecQ8Vec4 = 4,
+    /// W dequantized to an f16 copy (dequant_f16.wgsl).
+    DequantF16 = 5,
 }
 
 /// matvec.wgsl's W_VIEW for weights bound as words: `w4_at` as four word loads.
@@ -466,10 +469,10 @@ const UNIT2_GENERIC: &str =
 
 /// The WGSL of one kernel for one type: common.wgsl and the kernel's file with that type's
 /// sections only, and the forwarding function the entry point calls. Built once per
-/// (kernel, type) and kept for the life of the process (52 strings at most), so the pipeline
+/// (kernel, type) and kept for the life of the process (78 strings at most), so the pipeline
 /// cache can key on a `&'static str` as it does for the other kernels.
-fn type_source(kind: Source, ty: GgmlType) -> &'static str {
-    static SOURCES: [[OnceLock<&'static str>; 13]; 5] = [const { [const { OnceLock::new() }; 13] }; 5];
+pub(super) fn type_source(kind: Source, ty: GgmlType) -> &'static str {
+    static SOURCES: [[OnceLock<&'static str>; 13]; 6] = [const { [const { OnceLock::new() }; 13] }; 6];
     let ti = GgmlType::ALL.iter().position(|&t| t == ty).unwrap_or(0);
     SOURCES[kind as usize][ti].get_or_init(|| {
         let name = wgsl_name(ty);
@@ -483,8 +486,13 @@ fn type_source(kind: Source, ty: GgmlType) -> &'static str {
                 format!("{MATVEC_WGSL}\n{MATVEC_Q8_WGSL}"),
                 format!("fn mv_unit(rb: u32, u: u32, xb: u32) -> f32 {{ return mv_{name}_q8(rb, u, xb); }}\n{UNIT2_GENERIC}"),
             ),
-            Source::Matmul | Source::Gather => (
-                if matches!(kind, Source::Matmul) { MATMUL_WGSL } else { GATHER_WGSL }.to_string(),
+            Source::Matmul | Source::Gather | Source::DequantF16 => (
+                match kind {
+                    Source::Matmul => MATMUL_WGSL,
+                    Source::Gather => GATHER_WGSL,
+                    _ => DEQUANT_F16_WGSL,
+                }
+                .to_string(),
                 format!("fn deq8(rb: u32, c: u32, cols: u32) -> V8 {{ return deq8_{name}(rb, c, cols); }}"),
             ),
         };
@@ -1741,8 +1749,18 @@ fn qmatmul_with(
     if n == 0 || rows == 0 || cols == 0 {
         return Tensor::zeros(out_shape, DType::F32, w.device());
     }
-    let mut x = x.contiguous()?;
     let kernel = kernel_for(&ctx, ty, n, &opts);
+    // Long products of quantized weights read an f16 copy of them (see dequant_f16.rs), where
+    // it fits the bindings the epilogue needs.
+    if kernel == QKernel::Coop
+        && super::dequant_f16::pays(ty, n)
+        && !(epi.paired() && rows as u64 * cols as u64 * 2 > binding_limit(&ctx, &opts))
+    {
+        if let Some(w16) = super::dequant_f16::copy_for_product(w, &opts)? {
+            return qmatmul_with(&w16, x, n, out_shape, opts, epi, pro);
+        }
+    }
+    let mut x = x.contiguous()?;
     // f16 x (a GLU product's f16 output, see `QOptions::f16_out`) goes in as it is where the
     // coop kernel reads x as f16 (whole 16-byte runs) and no prologue reads it; elsewhere it is
     // widened to f32 first, exactly.

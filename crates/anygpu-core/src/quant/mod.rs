@@ -8,11 +8,13 @@
 //!   8-bit blocks as llama.cpp's CPU backend does (chosen per weight by [`CpuMath`]): `q8.rs`
 //!   for the 32-weight formats, `q8k.rs` for Q4_K, Q5_K and Q6_K;
 //! - [`gpu`]: the WGSL products and gathers that read the blocks as stored, and [`coop`]: the
-//!   prefill product on cooperative matrices (tensor cores), where a device has them.
+//!   prefill product on cooperative matrices (tensor cores), where a device has them, and
+//!   [`dequant_f16`]: the f16 copy of quantized weights that a long prefill product reads.
 
 pub mod blocks;
 pub mod coop;
 mod dequant;
+pub mod dequant_f16;
 pub mod fused;
 pub mod gpu;
 mod matvec;

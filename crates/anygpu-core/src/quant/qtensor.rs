@@ -86,6 +86,26 @@ impl QTensor {
         Ok(QTensor { ty, rows, cols, storage, device: device.clone(), cpu_math: CpuMath::default() })
     }
 
+    /// A [rows, cols] matrix of `ty` already in `buf` on the GPU of `device` (the F16 copy a
+    /// prefill product dequantizes its weights into: quant/dequant_f16.rs).
+    pub(crate) fn from_gpu_buffer(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        buf: GpuBuffer,
+        device: &Device,
+    ) -> Result<QTensor> {
+        let expected = ty.byte_size(rows as u64 * cols as u64)?;
+        if !cols.is_multiple_of(ty.block_size()) || buf.len < expected {
+            return Err(Error::shape(
+                "qtensor",
+                format!("{ty} [{rows}, {cols}] needs {expected} bytes, the buffer has {}", buf.len),
+            ));
+        }
+        let storage = QStorage::Gpu(Arc::new(buf));
+        Ok(QTensor { ty, rows, cols, storage, device: device.clone(), cpu_math: CpuMath::default() })
+    }
+
     /// A QTensor over an owned copy of `data` (tests, synthetic weights).
     pub fn from_vec(ty: GgmlType, rows: usize, cols: usize, data: Vec<u8>, device: &Device) -> Result<QTensor> {
         let len = data.len();

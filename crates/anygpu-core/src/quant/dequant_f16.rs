@@ -5,8 +5,8 @@
 //! the very f16 values the kernel's W staging rounds the decoded weights to, so the product is
 //! the same, bit for bit, either way.
 //!
-//! It pays where a product's decoding costs more than writing and reading the copy, i.e. for
-//! enough x rows: see [`pays`].
+//! It pays where a product's decoding costs more than writing and reading the copy and the
+//! dispatch between them, i.e. for enough x rows and weights: see [`pays`].
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -19,8 +19,16 @@ use crate::ops::to_u32;
 
 const OP: &str = "dequantize to f16";
 
-/// x rows from which the coop kernel's products of quantized weights read an f16 copy.
+/// x rows from which the coop kernel's products of quantized weights read an f16 copy. H100,
+/// n = 256, Q4_0 (copy of one invocation per run, since made faster): [4096, 14336] 359 ->
+/// 318 us, [4096, 4096] 104 -> 92, [28672, 4096] 511 -> 521 and [6144, 4096] 133 -> 135; at n
+/// = 512 every 4096-wide shape gains 10-20% (BENCHMARKS.md, twenty-seventh session).
 pub const DEQUANT_MIN_N: usize = 256;
+
+/// Weights from which a product reads an f16 copy (2048 x 2048): each copy is a dispatch and a
+/// dependency more, and SmolLM2's products (1.8M weights at most, a few µs each) lost with it
+/// (H100, pp512 92.9-99.5k -> 65-97k tok/s).
+pub const DEQUANT_MIN_WEIGHTS: usize = 1 << 22;
 
 /// See [`set_override`]: 0 none, 1 never, 2 always.
 static FORCED: AtomicU8 = AtomicU8::new(0);
@@ -47,22 +55,25 @@ fn env_forced() -> Option<bool> {
     })
 }
 
-/// Whether a coop product of `n` x rows with quantized weights of `ty` reads an f16 copy of
-/// them ([`dequantize_to_f16`] first).
-pub(super) fn pays(ty: GgmlType, n: usize) -> bool {
+/// Whether a coop product of `n` x rows with quantized weights of `ty` (`weights` of them)
+/// reads an f16 copy of them ([`dequantize_to_f16`] first).
+pub(super) fn pays(ty: GgmlType, n: usize, weights: usize) -> bool {
     if !ty.is_quantized() {
         return false;
     }
     match FORCED.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => env_forced().unwrap_or(n >= DEQUANT_MIN_N),
+        _ => env_forced().unwrap_or(n >= DEQUANT_MIN_N && weights >= DEQUANT_MIN_WEIGHTS),
     }
 }
 
 /// Runs of 8 weights each invocation expands (256 apart, loads first): H100, Q4_0 [28672,
 /// 4096] 162 us (1.86 TB/s read and written) with one, 131 with two, 126 (2.39 TB/s) with four,
-/// 161 with eight; Q4_K and Q6_K alike within ~10%.
+/// 161 with eight; Q4_K and Q6_K alike within ~10%. Also measured: a run's 16 bytes in one
+/// store (`pack2x16float`) instead of two `vec4<f16>` stores, within the noise (Q4_0 [28672,
+/// 4096] 119-185 us); an invocation's runs consecutive instead of 256 apart, 0.86 TB/s (each
+/// store instruction of a warp then spans 2 KiB).
 const RUNS_PER_INVOCATION: u32 = 4;
 
 #[repr(C)]

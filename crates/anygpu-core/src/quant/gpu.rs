@@ -1753,7 +1753,7 @@ fn qmatmul_with(
     // Long products of quantized weights read an f16 copy of them (see dequant_f16.rs), where
     // it fits the bindings the epilogue needs.
     if kernel == QKernel::Coop
-        && super::dequant_f16::pays(ty, n)
+        && super::dequant_f16::pays(ty, n, rows * cols)
         && !(epi.paired() && rows as u64 * cols as u64 * 2 > binding_limit(&ctx, &opts))
     {
         if let Some(w16) = super::dequant_f16::copy_for_product(w, &opts)? {

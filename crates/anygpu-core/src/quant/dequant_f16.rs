@@ -70,10 +70,13 @@ pub(super) fn pays(ty: GgmlType, n: usize, weights: usize) -> bool {
 
 /// Runs of 8 weights each invocation expands (256 apart, loads first): H100, Q4_0 [28672,
 /// 4096] 162 us (1.86 TB/s read and written) with one, 131 with two, 126 (2.39 TB/s) with four,
-/// 161 with eight; Q4_K and Q6_K alike within ~10%. Also measured: a run's 16 bytes in one
-/// store (`pack2x16float`) instead of two `vec4<f16>` stores, within the noise (Q4_0 [28672,
-/// 4096] 119-185 us); an invocation's runs consecutive instead of 256 apart, 0.86 TB/s (each
-/// store instruction of a warp then spans 2 KiB).
+/// 161 with eight; Q4_K and Q6_K alike within ~10%. The stores set the floor: the same kernel
+/// storing without loading or decoding took 97-104 us (235 MB written, ~2.35 TB/s), decoding
+/// without storing 59-64. Also measured: a run's 16 bytes in one store (`pack2x16float`)
+/// instead of two `vec4<f16>` stores, 120-121 us against 125-126, mixed on [4096, 14336] (not
+/// kept: its rounding is the driver's packing, not the `vec4<f16>` conversion the product's
+/// staging uses); an invocation's runs consecutive instead of 256 apart, 0.86 TB/s (each store
+/// instruction of a warp then spans 2 KiB).
 const RUNS_PER_INVOCATION: u32 = 4;
 
 #[repr(C)]

@@ -1730,7 +1730,10 @@ fn coop_kernel_validates_with_naga() {
 
 /// Prefill speed of the tiled and coop kernels at n = 512 on the first GPU, for the shapes of
 /// the target models (SmolLM2-135M, a 1B and an 8B llama): GFLOP/s per kernel and coop tile.
-/// Also the SwiGLU epilogue's product of the same matrix as a gate|up stack (column `glu`).
+/// Also, for the quantized types, the product reading the f16 copy of W made first (column `f16
+/// copy`, the copy's time included) and the copy alone (`copy`, with its bytes read and written
+/// over its time), and the SwiGLU epilogue's product of the same matrix as a gate|up stack
+/// (column `glu`, the copy where the default rule takes it).
 /// `QBENCH_TYPES=Q4_0,F16` picks types, `QBENCH_SHAPES=6144x4096,...` the shapes (rows x cols),
 /// `QBENCH_N=2048` the x rows (512).
 /// `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture coop_prefill_speed`

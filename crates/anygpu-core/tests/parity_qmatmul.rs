@@ -1643,8 +1643,10 @@ fn dequant_f16_matches_cpu() {
                         let copy = dequantize_to_f16(&w, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
                         assert_eq!((copy.ggml_type(), copy.rows(), copy.cols()), (GgmlType::F16, rows, cols), "{what}");
                         let got = copy.dequantize().unwrap().to_vec_f32().unwrap();
+                        assert_eq!(got.len(), want.len(), "{what}");
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                            let step = f16::from_f32(w.abs()).to_f32() * 2f32.powi(-10) + 2f32.powi(-24);
+                            // One f16 step at w's magnitude (w is f16 already).
+                            let step = w.abs() * 2f32.powi(-10) + 2f32.powi(-24);
                             assert!((g - w).abs() <= step, "{what}: element {i}: got {g}, reference {w}");
                         }
                     }
@@ -1696,7 +1698,14 @@ fn coop_f16_copy_equals_decoded_product() {
                 let mut outs = Vec::new();
                 for copy in [false, true] {
                     dequant_f16::set_override(Some(copy));
-                    let out = run().unwrap_or_else(|e| panic!("{what} (copy {copy}): {e}"));
+                    let ctx = d.gpu().expect("a GPU device");
+                    let (out, ops) =
+                        ctx.profile_dispatches(run).unwrap_or_else(|e| panic!("{what} (copy {copy}): {e}"));
+                    // Where timestamps allow, the profile shows the copy taken, or not.
+                    if let Some(ops) = ops {
+                        let copied = ops.iter().any(|o| o.0.starts_with("dequantize to f16"));
+                        assert_eq!(copied, copy, "{what} (copy {copy}): {ops:?}");
+                    }
                     outs.push(out.to_dtype(anygpu_core::DType::F32).unwrap().to_vec_f32().unwrap());
                 }
                 dequant_f16::set_override(None);

@@ -22,7 +22,8 @@ const OP: &str = "dequantize to f16";
 /// x rows from which the coop kernel's products of quantized weights read an f16 copy. H100,
 /// n = 256, Q4_0 (copy of one invocation per run, since made faster): [4096, 14336] 359 ->
 /// 318 us, [4096, 4096] 104 -> 92, [28672, 4096] 511 -> 521 and [6144, 4096] 133 -> 135; at n
-/// = 512 every 4096-wide shape gains 10-20% (BENCHMARKS.md, twenty-seventh session).
+/// = 512 the Q4_0 and Q4_K products of 4096-wide models gain 9-19% (BENCHMARKS.md,
+/// twenty-seventh session).
 pub const DEQUANT_MIN_N: usize = 256;
 
 /// Weights from which a product reads an f16 copy (2048 x 2048): each copy is a dispatch and a
@@ -94,15 +95,15 @@ struct Params {
 /// at a 16-byte boundary: the coop kernel's F16 loader). Each dispatch covers the rows whose
 /// f16 copy fits one binding (`opts.max_binding` or the device's), their blocks bound beside it.
 pub fn dequantize_to_f16(w: &QTensor, opts: &QOptions) -> Result<QTensor> {
-    let out = w.device().gpu().ok_or_else(|| Error::mismatch(OP, "weights are not on a GPU"))?.alloc(copy_bytes(w)?)?;
+    let out = gpu_weights(OP, w)?.1.alloc(copy_bytes(w)?)?;
     fill(w, out, opts)
 }
 
 /// The f16 copy for a product, or `None` where the device has no room for it (the product
 /// then decodes the blocks itself, as it would for fewer x rows).
 pub(super) fn copy_for_product(w: &QTensor, opts: &QOptions) -> Result<Option<QTensor>> {
-    let ctx = w.device().gpu().ok_or_else(|| Error::mismatch(OP, "weights are not on a GPU"))?;
-    match ctx.alloc(copy_bytes(w)?) {
+    let bytes = copy_bytes(w)?;
+    match gpu_weights(OP, w)?.1.alloc(bytes) {
         Ok(out) => fill(w, out, opts).map(Some),
         Err(e) => {
             log::info!("{OP}: no room for the f16 copy of {w:?} ({e}); the product decodes its blocks");
@@ -111,8 +112,11 @@ pub(super) fn copy_for_product(w: &QTensor, opts: &QOptions) -> Result<Option<QT
     }
 }
 
-/// Bytes of W's f16 copy.
+/// Bytes of W's f16 copy; an error for weights that are not quantized.
 fn copy_bytes(w: &QTensor) -> Result<u64> {
+    if !w.ggml_type().is_quantized() {
+        return Err(Error::mismatch(OP, format!("{} weights are not quantized", w.ggml_type())));
+    }
     let n = (w.rows() as u64).checked_mul(w.cols() as u64).ok_or_else(|| Error::shape(OP, "size overflows"))?;
     GgmlType::F16.byte_size(n)
 }
@@ -120,10 +124,9 @@ fn copy_bytes(w: &QTensor) -> Result<u64> {
 /// Dequantizes W into `out` (its f16 copy's bytes) and wraps that as the copy.
 fn fill(w: &QTensor, out: crate::gpu::GpuBuffer, opts: &QOptions) -> Result<QTensor> {
     let (wbuf, ctx) = gpu_weights(OP, w)?;
+    // Quantized rows are whole blocks of 32 or 256 weights (copy_bytes checked the type), so
+    // whole runs of 8, and each f16 row starts at a 16-byte boundary.
     let (rows, cols, ty) = (w.rows(), w.cols(), w.ggml_type());
-    if !ty.is_quantized() || !cols.is_multiple_of(8) {
-        return Err(Error::gpu(OP, format!("{ty} rows of {cols} weights are not whole runs of 8 blocks")));
-    }
     let u = |v: usize| to_u32(OP, v);
     let (f16_row, row_bytes) = (cols as u64 * 2, w.row_bytes() as u64);
     // Rows per dispatch: their copy (and so their blocks, fewer bytes) in one binding.

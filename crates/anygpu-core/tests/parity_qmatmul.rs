@@ -954,6 +954,11 @@ fn time_us(d: &Device, iters: usize, f: impl Fn() -> Result<Tensor>) -> (f64, f6
     (per((t1 - t0).as_secs_f64()), per(t1.elapsed().as_secs_f64()))
 }
 
+/// The GPU the benchmarks time: the first one that is not a constrained (software) device.
+fn bench_gpu() -> Option<&'static Device> {
+    gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained))
+}
+
 fn env_list(name: &str) -> Option<Vec<String>> {
     std::env::var(name).ok().map(|v| v.split(',').map(str::to_string).collect())
 }
@@ -979,7 +984,7 @@ fn env_shapes() -> Option<Vec<(usize, usize)>> {
 #[ignore]
 fn bench() {
     let _turn = one_at_a_time();
-    let Some(d) = gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained)) else {
+    let Some(d) = bench_gpu() else {
         eprintln!("no GPU");
         return;
     };
@@ -1722,6 +1727,109 @@ fn coop_f16_copy_equals_decoded_product() {
     eprintln!("coop f16 copy ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
+/// Copies made ahead (quant::copy_ahead: later products' f16 copies recorded beside an
+/// earlier product, in its compute pass) give the very products that copies made right before
+/// them give. Q4_0 weights of 260, 132 and 68 rows: each later copy fits beside the product
+/// before it (at most twice its weights), so the schedule makes it there; the products run in
+/// the schedule's order and out of it; n = 130 (the copy forced on), plain and GLU
+/// (f16 output) products, every tile, emulated where the device has no cooperative matrices.
+#[test]
+fn coop_copies_made_ahead_equal_copies_made_before() {
+    use anygpu_core::quant::{copy_ahead, dequant_f16, CopyAhead};
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let (ty, n) = (GgmlType::Q4_0, 130usize);
+    let cols = coop_cols(ty)[0];
+    let x_cpu = Tensor::from_vec(rand_vec(43, n * cols), [n, cols], &Device::Cpu).unwrap();
+    let ran = on_coop_devices(ty, |d, bx| {
+        let ws: Vec<QTensor> = [260usize, 132, 68]
+            .iter()
+            .enumerate()
+            .map(|(i, &rows)| {
+                QTensor::from_vec(ty, rows, cols, random_weights(1400 + i as u64, ty, rows, cols), d).unwrap()
+            })
+            .collect();
+        let x = x_cpu.to_device(d).unwrap();
+        let glu = QOptions { f16_out: true, ..coop_opts(None) };
+        let products = |order: [usize; 3]| -> Vec<Vec<f32>> {
+            let mut outs = vec![Vec::new(); 3];
+            for i in order {
+                let y = match i {
+                    0 => ws[0].qmatmul_glu_opts(&x, None, glu),
+                    _ => qmatmul_opts(&ws[i], &x, coop_opts(None)),
+                };
+                outs[i] = y.and_then(|y| y.to_dtype(anygpu_core::DType::F32)?.to_vec_f32()).unwrap();
+            }
+            outs
+        };
+        dequant_f16::set_override(Some(true));
+        let before = products([0, 1, 2]);
+        let what = format!("{ty} n={n} BX={bx} on {}", d.name());
+        // In the schedule's order each later copy is made beside the product before it; out of
+        // it, the third product makes its own copy and the second takes the one made ahead.
+        for (order, made_ahead) in [([0, 1, 2], 2), ([0, 2, 1], 1)] {
+            let taken = copy_ahead::copies_taken_ahead();
+            let ahead = {
+                let _copies = CopyAhead::begin(n, || ws.clone());
+                products(order)
+            };
+            let what = format!("{what}, products in the order {order:?}");
+            assert_eq!(copy_ahead::copies_taken_ahead() - taken, made_ahead, "{what}: copies taken ahead");
+            for i in 0..3 {
+                assert!(before[i].iter().all(|v| v.is_finite()), "{what}: non-finite output");
+                assert_eq!(before[i], ahead[i], "{what}: product {i}");
+            }
+        }
+        dequant_f16::set_override(None);
+        None
+    });
+    eprintln!("copies made ahead ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
+}
+
+/// How much of an f16 copy made ahead hides behind the product it runs beside: the first
+/// shape's product (copy made first, as its own) with and without the second shape's copy
+/// recorded beside it, and that copy alone, Q4_0, n = 512, GPU µs per call. `QBENCH_SHAPES=
+/// 6144x4096,28672x4096` (the default: a Q|K|V product, the gate|up copy).
+/// `cargo test --release -p anygpu-core --test parity_qmatmul -- --ignored --nocapture copy_beside_product`
+#[test]
+#[ignore]
+fn copy_beside_product() {
+    use anygpu_core::quant::{dequant_f16, CopyAhead};
+    let _turn = one_at_a_time();
+    let _reset = CoopReset;
+    let Some(d) = bench_gpu() else {
+        eprintln!("no GPU");
+        return;
+    };
+    let n = 512;
+    let shapes = env_shapes().unwrap_or_else(|| vec![(6144, 4096), (28672, 4096)]);
+    let ty = GgmlType::Q4_0;
+    let [(r1, c1), (r2, c2)] = shapes[..] else { panic!("QBENCH_SHAPES: two shapes") };
+    let w1 = QTensor::from_vec(ty, r1, c1, random_weights(3, ty, r1, c1), d).unwrap();
+    let w2 = QTensor::from_vec(ty, r2, c2, random_weights(5, ty, r2, c2), d).unwrap();
+    let x = upload_x(4, n, c1, d).unwrap();
+    dequant_f16::set_override(Some(true));
+    let opts = QOptions { kernel: Some(QKernel::Coop), ..Default::default() };
+    let product = |order: Vec<QTensor>| {
+        let _copies = CopyAhead::begin(n, || order);
+        qmatmul_opts(&w1, &x, opts)
+    };
+    for _ in 0..3 {
+        let (_, alone) = time_us(d, 10, || product(vec![w1.clone()]));
+        let (_, copy) = time_us(d, 10, || dequant_f16::dequantize_to_f16(&w2, &QOptions::default()).map(|_| x.clone()));
+        let (_, serial) = time_us(d, 10, || {
+            let y = product(vec![w1.clone()]);
+            dequant_f16::dequantize_to_f16(&w2, &QOptions::default())?;
+            y
+        });
+        let (_, beside) = time_us(d, 10, || product(vec![w1.clone(), w2.clone()]));
+        eprintln!(
+            "[{r1}, {c1}] product {alone:7.1} us, [{r2}, {c2}] copy {copy:7.1}: one after the other {serial:7.1}, beside {beside:7.1} ({:.0}% of the copy hidden)",
+            (serial - beside) / copy * 100.0
+        );
+    }
+}
+
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();
@@ -1752,7 +1860,7 @@ fn coop_prefill_speed() {
     use anygpu_core::quant::{coop, dequant_f16};
     let _turn = one_at_a_time();
     let _reset = CoopReset;
-    let Some(d) = gpu_devices().iter().find(|d| d.gpu().is_some_and(|c| !c.caps.constrained)) else {
+    let Some(d) = bench_gpu() else {
         eprintln!("no GPU");
         return;
     };

@@ -126,3 +126,51 @@ fn wide_model_rounds_the_norms_in_its_residual_products() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// Restores the coop kernel's emulation and the f16 copy's rule when a test ends.
+struct CoopDefaults;
+impl Drop for CoopDefaults {
+    fn drop(&mut self) {
+        anygpu_core::quant::coop::set_emulated(false);
+        anygpu_core::quant::dequant_f16::set_override(None);
+    }
+}
+
+/// A prefill long enough for the tensor-core products (70 tokens), every one forced to read an
+/// f16 copy of its weights: the model lists its products in the order it runs them
+/// (`CopyAhead`), so the copies made beside earlier products are all taken, and the logits
+/// (of every position: the head's product too) are the CPU's within the activations' f16 and
+/// 8-bit roundings. Emulated cooperative matrices where
+/// the device has none.
+#[test]
+fn prefill_takes_the_copies_made_ahead() {
+    use anygpu_core::quant::{coop, copy_ahead, dequant_f16};
+    let vocab = vocabulary();
+    let spec = SyntheticSpec::preset("tiny", GgmlType::Q4_0).expect("preset");
+    let path = std::env::temp_dir().join(format!("anygpu-synth-ahead-{}.gguf", std::process::id()));
+    let out = std::fs::File::create(&path).expect("create");
+    write_synthetic(&spec, &vocab, std::io::BufWriter::new(out)).expect("write");
+    let file = Arc::new(GgufFile::open(&path).expect("the written file reads back"));
+    let tokens: Vec<u32> = (0..70u32).map(|i| 1 + i * 331 % 9000).collect();
+    let want = logits(&file, &Device::Cpu, &tokens);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for dev in gpu_devices().iter().take(1) {
+        let _restore = CoopDefaults;
+        let ctx = dev.gpu().expect("a GPU device");
+        coop::set_emulated(!ctx.caps.cooperative_matrix);
+        if let Some(why) = coop::unsupported_reason(ctx, GgmlType::Q4_0) {
+            eprintln!("{why}");
+            continue;
+        }
+        dequant_f16::set_override(Some(true));
+        let taken = copy_ahead::copies_taken_ahead();
+        let got = logits(&file, dev, &tokens);
+        let taken = copy_ahead::copies_taken_ahead() - taken;
+        // Every layer product's but the first's (the first Q|K|V's copy is made before it, the
+        // first gate|up's beside it); the head's finds no product with room (49,152 rows).
+        assert_eq!(taken, 4 * spec.n_layer - 1, "{}: copies taken ahead", dev.name());
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 0.05 * scale, "{}: logits differ by {worst} (largest {scale})", dev.name());
+    }
+    let _ = std::fs::remove_file(&path);
+}

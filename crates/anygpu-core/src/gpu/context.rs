@@ -812,6 +812,17 @@ impl GpuContext {
         }
     }
 
+    /// Ends the open compute pass: the next dispatch begins a new one. wgpu records the
+    /// barriers a pass needs before it (they wait for all earlier work) and, inside it, a
+    /// barrier only before a dispatch that uses a buffer an earlier dispatch of the pass used
+    /// (and not where both only read it): so two dispatches at the start of a pass that share
+    /// no written buffer run side by side (quant/copy_ahead.rs).
+    pub(crate) fn end_pass(&self) -> Result<()> {
+        let mut pending = self.lock("end_pass")?;
+        pending.pass = None;
+        Ok(())
+    }
+
     /// Submits the pending encoder, if any (does not wait).
     pub fn submit(&self) -> Result<()> {
         let mut pending = self.lock("submit")?;
@@ -920,6 +931,11 @@ impl GpuContext {
     /// Whether this thread is recording on this context.
     fn recording_here(&self) -> bool {
         RECORDING_ON.with(|r| r.get() == self as *const GpuContext as usize)
+    }
+
+    /// Whether this thread is recording dispatches on this context for replay.
+    pub(crate) fn recording_on_this_thread(&self) -> bool {
+        self.recording_here()
     }
 
     /// Fails when this thread is recording: `op` needs the GPU to run now.

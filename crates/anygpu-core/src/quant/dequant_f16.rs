@@ -69,6 +69,15 @@ pub(super) fn pays(ty: GgmlType, n: usize, weights: usize) -> bool {
     }
 }
 
+/// Whether a product of `n` x rows may read an f16 copy at all (whatever its weights).
+pub(super) fn may_pay(n: usize) -> bool {
+    match FORCED.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => env_forced().unwrap_or(n >= DEQUANT_MIN_N),
+    }
+}
+
 /// Runs of 8 weights each invocation expands (256 apart, loads first): H100, Q4_0 [28672,
 /// 4096] 162 us (1.86 TB/s read and written) with one, 131 with two, 126 (2.39 TB/s) with four,
 /// 161 with eight; Q4_K and Q6_K alike within ~10%. The stores set the floor: the same kernel
@@ -95,21 +104,24 @@ struct Params {
 /// at a 16-byte boundary: the coop kernel's F16 loader). Each dispatch covers the rows whose
 /// f16 copy fits one binding (`opts.max_binding` or the device's), their blocks bound beside it.
 pub fn dequantize_to_f16(w: &QTensor, opts: &QOptions) -> Result<QTensor> {
-    let out = gpu_weights(OP, w)?.1.alloc(copy_bytes(w)?)?;
-    fill(w, out, opts)
+    fill(w, copy_buffer(w)?, opts)
 }
 
 /// The f16 copy for a product, or `None` where the device has no room for it (the product
 /// then decodes the blocks itself, as it would for fewer x rows).
 pub(super) fn copy_for_product(w: &QTensor, opts: &QOptions) -> Result<Option<QTensor>> {
-    let bytes = copy_bytes(w)?;
-    match gpu_weights(OP, w)?.1.alloc(bytes) {
+    match copy_buffer(w) {
         Ok(out) => fill(w, out, opts).map(Some),
         Err(e) => {
             log::info!("{OP}: no room for the f16 copy of {w:?} ({e}); the product decodes its blocks");
             Ok(None)
         }
     }
+}
+
+/// A new buffer for W's f16 copy.
+pub(super) fn copy_buffer(w: &QTensor) -> Result<crate::gpu::GpuBuffer> {
+    gpu_weights(OP, w)?.1.alloc(copy_bytes(w)?)
 }
 
 /// Bytes of W's f16 copy; an error for weights that are not quantized.
@@ -122,7 +134,7 @@ fn copy_bytes(w: &QTensor) -> Result<u64> {
 }
 
 /// Dequantizes W into `out` (its f16 copy's bytes) and wraps that as the copy.
-fn fill(w: &QTensor, out: crate::gpu::GpuBuffer, opts: &QOptions) -> Result<QTensor> {
+pub(super) fn fill(w: &QTensor, out: crate::gpu::GpuBuffer, opts: &QOptions) -> Result<QTensor> {
     let (wbuf, ctx) = gpu_weights(OP, w)?;
     // Quantized rows are whole blocks of 32 or 256 weights (copy_bytes checked the type), so
     // whole runs of 8, and each f16 row starts at a 16-byte boundary.

@@ -1464,7 +1464,7 @@ pub(crate) fn qmatmul_coop_epilogue(
 
 /// The kernel of a product of `n` x rows: the one `opts` forces, else the matvec for a few rows
 /// and the prefill kernel for more.
-fn kernel_for(ctx: &GpuContext, ty: GgmlType, n: usize, opts: &QOptions) -> QKernel {
+pub(super) fn kernel_for(ctx: &GpuContext, ty: GgmlType, n: usize, opts: &QOptions) -> QKernel {
     match opts.kernel {
         Some(k) => k,
         None if n <= MATVEC_MAX_N => QKernel::Matvec,
@@ -1756,8 +1756,22 @@ fn qmatmul_with(
         && super::dequant_f16::pays(ty, n, rows * cols)
         && !(epi.paired() && rows as u64 * cols as u64 * 2 > binding_limit(&ctx, &opts))
     {
-        if let Some(w16) = super::dequant_f16::copy_for_product(w, &opts)? {
-            return qmatmul_with(&w16, x, n, out_shape, opts, epi, pro);
+        let w16 = match super::copy_ahead::take(w) {
+            Some(copy) => Some(copy),
+            None => super::dequant_f16::copy_for_product(w, &opts)?,
+        };
+        if let Some(w16) = w16 {
+            // Later products' copies run beside this one (copy_ahead.rs): it begins a compute
+            // pass, and they follow it into buffers the pass has not used (no barrier).
+            let ahead = super::copy_ahead::plan_after(w, &ctx, &opts);
+            if !ahead.is_empty() {
+                ctx.end_pass()?;
+            }
+            let y = qmatmul_with(&w16, x, n, out_shape, opts, epi, pro)?;
+            for (next, buf) in ahead {
+                super::copy_ahead::fill_ahead(next, buf, &opts)?;
+            }
+            return Ok(y);
         }
     }
     let mut x = x.contiguous()?;

@@ -13,6 +13,7 @@
 
 pub mod blocks;
 pub mod coop;
+pub mod copy_ahead;
 mod dequant;
 pub mod dequant_f16;
 pub mod fused;
@@ -25,6 +26,7 @@ mod qtensor;
 mod quantize;
 mod types;
 
+pub use copy_ahead::CopyAhead;
 pub use dequant::{dequantize, dequantize_to_vec};
 pub use fused::RmsNorm;
 pub use matvec::{matmul, matmul_q8, matvec};

@@ -11,7 +11,7 @@ use anygpu_core::ops::attention_decode::short_decode_keys;
 use anygpu_core::ops::rope::RopeOpts;
 use anygpu_core::quant::coop;
 use anygpu_core::quant::gpu::QOptions;
-use anygpu_core::quant::{CpuMath, QTensor, RmsNorm, SharedBytes};
+use anygpu_core::quant::{CopyAhead, CpuMath, QTensor, RmsNorm, SharedBytes};
 use anygpu_core::{DType, Device, Error, Result, Tensor};
 
 use super::config::LlamaConfig;
@@ -411,6 +411,9 @@ impl Llama {
         // the norm reads that (on a GPU, rows too wide to stage the norm: see
         // QTensor::qmatmul_add_rounding): no rounding dispatch of its own.
         let mut x_rounded = None;
+        // Long products read an f16 copy of quantized weights, each made while the product
+        // before runs (a GPU's prefill).
+        let _copies = CopyAhead::begin(t, || self.products_in_order(all_logits));
         for (li, b) in self.blocks.iter().enumerate() {
             // The RMSNorms run inside the products that read them (fused on a GPU for a few
             // tokens at a time, see anygpu_core::quant::fused).
@@ -494,6 +497,27 @@ impl Llama {
         let x = if all_logits { x } else { x.narrow(0, t - 1, 1)? };
         let output_norm = RmsNorm { weight: &self.output_norm, eps: cfg.rms_eps, rounded: x_rounded.as_ref() };
         head.qmatmul_rms(&x, output_norm)
+    }
+
+    /// The weights of a forward pass's products, in the order it multiplies by them.
+    fn products_in_order(&self, all_logits: bool) -> Vec<QTensor> {
+        let mut order = Vec::with_capacity(self.blocks.len() * 6 + 1);
+        for b in &self.blocks {
+            match &b.qkv {
+                Qkv::Stacked { w, .. } => order.push(w.clone()),
+                Qkv::Separate { w, .. } => order.extend(w.iter().cloned()),
+            }
+            order.push(b.wo.clone());
+            match &b.gate_up {
+                GateUp::Stacked(w) => order.push(w.clone()),
+                GateUp::Separate { gate, up } => order.extend([gate.clone(), up.clone()]),
+            }
+            order.push(b.w_down.clone());
+        }
+        if all_logits {
+            order.push(self.output.as_ref().unwrap_or(&self.token_embd).clone());
+        }
+        order
     }
 
     /// Bytes of weights on the device.

@@ -15,8 +15,8 @@
 //! parts do not add up: alone (H100, `copy_beside_product` in parity_qmatmul) the gate|up
 //! copy hid 79-89% beside a Q|K|V product and 24-39% beside a down projection, the down
 //! projection's copy 48-52% beside a gate|up-sized product; in the 8B model the placement of
-//! [`AHEAD_RATIO`] gained ~3.5% (pp512 ~10,400 -> ~10,740; its copies took 7.9 ms of a 49.7 ms
-//! prefill), and the gate|up copy beside Q|K|V less.
+//! [`AHEAD_RATIO`] gained ~3% (pp512 10,262-10,411 -> 10,629-10,764: ~1.8 ms of the copies'
+//! 7.9 in a 49.7 ms prefill), the gate|up copy beside Q|K|V less.
 //!
 //! The model says in which order its products read their weights ([`CopyAhead::begin`], for
 //! one forward pass on this thread); a product whose copy was not made ahead (the first one,

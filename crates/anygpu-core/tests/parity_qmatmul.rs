@@ -1730,8 +1730,9 @@ fn coop_f16_copy_equals_decoded_product() {
 /// Copies made ahead (quant::copy_ahead: later products' f16 copies recorded beside an
 /// earlier product, in its compute pass) give the very products that copies made right before
 /// them give. Q4_0 weights of 260, 132 and 68 rows: each later copy fits beside the product
-/// before it (at most twice its weights), so the schedule makes it there; the products run in
-/// the schedule's order and out of it; n = 130 (the copy forced on), plain and GLU
+/// before it (at most three times its weights), so the schedule makes it there; the products
+/// run in the schedule's order, out of it, and with the tiled kernel forced on the second
+/// (which then drops the copy made for it); n = 130 (the copy forced on), plain and GLU
 /// (f16 output) products, every tile, emulated where the device has no cooperative matrices.
 #[test]
 fn coop_copies_made_ahead_equal_copies_made_before() {
@@ -1780,6 +1781,21 @@ fn coop_copies_made_ahead_equal_copies_made_before() {
                 assert_eq!(before[i], ahead[i], "{what}: product {i}");
             }
         }
+        // A product that reads no copy after all (the tiled kernel forced on it) drops the one
+        // made for it, so that none is left alive beside the next ones; the others still
+        // match.
+        let (waiting, outs) = {
+            let _copies = CopyAhead::begin(n, || ws.clone());
+            let first = ws[0].qmatmul_glu_opts(&x, None, glu).and_then(|y| y.to_dtype(anygpu_core::DType::F32));
+            let waiting = copy_ahead::copies_waiting();
+            let tiled = QOptions { kernel: Some(QKernel::Tiled), ..Default::default() };
+            qmatmul_opts(&ws[1], &x, tiled).unwrap();
+            let dropped = copy_ahead::copies_waiting();
+            let third = qmatmul_opts(&ws[2], &x, coop_opts(None));
+            ((waiting, dropped), [first, third].map(|y| y.and_then(|y| y.to_vec_f32()).unwrap()))
+        };
+        assert_eq!(waiting, (1, 0), "{what}: copies waiting before and after the tiled product");
+        assert_eq!([&before[0], &before[2]], [&outs[0], &outs[1]], "{what}: products beside a tiled one");
         dequant_f16::set_override(None);
         None
     });

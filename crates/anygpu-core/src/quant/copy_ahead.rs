@@ -42,6 +42,12 @@ pub fn copies_taken_ahead() -> usize {
     TAKEN.with(Cell::get)
 }
 
+/// Copies made ahead on this thread and not yet taken (for tests).
+#[doc(hidden)]
+pub fn copies_waiting() -> usize {
+    SCHEDULE.with(|s| s.borrow().as_ref().map_or(0, |s| s.ready.len()))
+}
+
 /// One forward pass's products in order, and the copies made ahead for the next ones.
 struct Schedule {
     n: usize,
@@ -176,7 +182,20 @@ pub(super) fn plan_after(w: &QTensor, ctx: &Arc<GpuContext>, opts: &QOptions) ->
                     && super::dequant_f16::pays(q.ggml_type(), n, q.rows() * q.cols())
             })
         });
-        (at + 1..len).filter(|&j| host[j] == Some(at)).map(|j| s.order[j].clone()).collect::<Vec<_>>()
+        // Never a second copy of a size alive, even where a copy made ahead was not taken
+        // (its product read none after all, or ran out of order): the memory stays the pool's
+        // one buffer per size.
+        let weights = |q: &QTensor| q.rows() * q.cols();
+        let mut alive: Vec<usize> = s.ready.iter().map(|(src, _)| weights(src)).collect();
+        alive.push(weights(w));
+        let mut next = Vec::new();
+        for j in (at + 1..len).filter(|&j| host[j] == Some(at)) {
+            if !alive.contains(&weights(&s.order[j])) {
+                alive.push(weights(&s.order[j]));
+                next.push(s.order[j].clone());
+            }
+        }
+        next
     });
     let mut out = Vec::with_capacity(next.len());
     for q in next {

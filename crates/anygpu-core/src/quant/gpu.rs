@@ -1750,13 +1750,16 @@ fn qmatmul_with(
         return Tensor::zeros(out_shape, DType::F32, w.device());
     }
     let kernel = kernel_for(&ctx, ty, n, &opts);
+    // A copy of W made ahead (copy_ahead.rs) is taken by W's product, and dropped here where
+    // the product does not read it after all.
+    let made_ahead = super::copy_ahead::take(w);
     // Long products of quantized weights read an f16 copy of them (see dequant_f16.rs), where
     // it fits the bindings the epilogue needs.
     if kernel == QKernel::Coop
         && super::dequant_f16::pays(ty, n, rows * cols)
         && !(epi.paired() && rows as u64 * cols as u64 * 2 > binding_limit(&ctx, &opts))
     {
-        let w16 = match super::copy_ahead::take(w) {
+        let w16 = match made_ahead {
             Some(copy) => Some(copy),
             None => super::dequant_f16::copy_for_product(w, &opts)?,
         };

@@ -411,8 +411,8 @@ impl Llama {
         // the norm reads that (on a GPU, rows too wide to stage the norm: see
         // QTensor::qmatmul_add_rounding): no rounding dispatch of its own.
         let mut x_rounded = None;
-        // Long products read an f16 copy of quantized weights, each made while the product
-        // before runs (a GPU's prefill).
+        // A GPU's long prefill products read f16 copies of quantized weights, each made beside
+        // an earlier, longer product: the model lists its products in order for that.
         let _copies = CopyAhead::begin(t, || self.products_in_order(all_logits));
         for (li, b) in self.blocks.iter().enumerate() {
             // The RMSNorms run inside the products that read them (fused on a GPU for a few

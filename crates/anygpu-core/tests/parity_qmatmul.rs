@@ -1616,11 +1616,6 @@ fn coop_glu_f16_out_feeds_the_down_product() {
     eprintln!("coop GLU f16 out ran: {}", if ran.is_empty() { "nowhere".to_string() } else { ran.join("; ") });
 }
 
-/// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 4
-/// epilogues, and the wide W tile's, for each W loader a type has) parses,
-/// validates with the capabilities wgpu grants a device with cooperative matrices, and
-/// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
-/// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
 /// The f16 copy of quantized weights (quant/dequant_f16.rs) against the CPU's dequantization
 /// rounded to f16, for every quantized type, rows of 1, 7 and 33 of each type's column cases,
 /// in one dispatch and in dispatches of three rows (a binding limit that slices the copy, each
@@ -1846,6 +1841,11 @@ fn copy_beside_product() {
     }
 }
 
+/// Every specialisation of the coop kernel (11 types x 2 x tiles x 2 K steps x 3 x accesses x 4
+/// epilogues, and the wide W tile's, for each W loader a type has) parses,
+/// validates with the capabilities wgpu grants a device with cooperative matrices, and
+/// translates to SPIR-V: the kernel cannot run on most machines, so this is its check there.
+/// Its emulated variants (tests) likewise, without cooperative matrices or subgroups.
 #[test]
 fn coop_kernel_validates_with_naga() {
     let variants = anygpu_core::quant::coop::wgsl_variants();

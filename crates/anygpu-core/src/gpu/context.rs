@@ -929,13 +929,8 @@ impl GpuContext {
     }
 
     /// Whether this thread is recording on this context.
-    fn recording_here(&self) -> bool {
+    pub(crate) fn recording_here(&self) -> bool {
         RECORDING_ON.with(|r| r.get() == self as *const GpuContext as usize)
-    }
-
-    /// Whether this thread is recording dispatches on this context for replay.
-    pub(crate) fn recording_on_this_thread(&self) -> bool {
-        self.recording_here()
     }
 
     /// Fails when this thread is recording: `op` needs the GPU to run now.

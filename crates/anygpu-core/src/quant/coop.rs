@@ -18,8 +18,9 @@
 //! an RMSNorm on the way), or already f16 from the op that wrote it (the SwiGLU epilogue's f16
 //! output, `Plan::with_half_out`, or the tensor-core attention's), with the same values.
 //! Likewise W: from `dequant_f16::DEQUANT_MIN_N` x rows (and `DEQUANT_MIN_WEIGHTS` weights),
-//! quantized weights come as an f16 copy made first (`qmatmul_with` runs the product on that
-//! F16 matrix: `WLoad::F16Vec`), holding the values the staging would round them to.
+//! quantized weights come as an f16 copy made first or beside an earlier product
+//! (copy_ahead.rs; `qmatmul_with` runs the product on that F16 matrix: `WLoad::F16Vec`),
+//! holding the values the staging would round them to.
 //!
 //! # Tiles
 //!

@@ -15,7 +15,7 @@
 //! parts do not add up: alone (H100, `copy_beside_product` in parity_qmatmul) the gate|up
 //! copy hid 79-89% beside a Q|K|V product and 24-39% beside a down projection, the down
 //! projection's copy 48-52% beside a gate|up-sized product; in the 8B model the placement of
-//! [`AHEAD_RATIO`] gained ~3% (pp512 10,262-10,411 -> 10,629-10,764: ~1.8 ms of the copies'
+//! `AHEAD_RATIO` gained ~3% (pp512 10,262-10,411 -> 10,629-10,764: ~1.8 ms of the copies'
 //! 7.9 in a 49.7 ms prefill), the gate|up copy beside Q|K|V less.
 //!
 //! The model says in which order its products read their weights ([`CopyAhead::begin`], for
@@ -68,7 +68,7 @@ fn enabled() -> bool {
 }
 
 /// While alive, the products of `n` x rows on this thread make later scheduled products' f16
-/// copies as they run (see [`plan_after`]). Dropping it drops copies made ahead and not used.
+/// copies as they run (see the module docs). Dropping it drops copies made ahead and not used.
 pub struct CopyAhead {
     active: bool,
     _thread: PhantomData<*const ()>,
@@ -94,6 +94,11 @@ impl Drop for CopyAhead {
             SCHEDULE.with(|s| s.borrow_mut().take());
         }
     }
+}
+
+/// A matrix's weights: the size its f16 copy takes, in halves.
+fn weights(q: &QTensor) -> usize {
+    q.rows() * q.cols()
 }
 
 /// Whether two matrices are the same weights on the same GPU buffer.
@@ -134,7 +139,6 @@ const AHEAD_RATIO: usize = 3;
 /// second pooled buffer of that size) or finds no room. Only products whose copy pays
 /// (`pays`) host or get one.
 fn hosts(order: &[QTensor], pays: impl Fn(&QTensor) -> bool) -> Vec<Option<usize>> {
-    let weights = |q: &QTensor| q.rows() * q.cols();
     let paying: Vec<bool> = order.iter().map(&pays).collect();
     let mut room: Vec<usize> = order.iter().map(|q| AHEAD_RATIO * weights(q)).collect();
     let mut host = vec![None; order.len()];
@@ -162,7 +166,7 @@ fn hosts(order: &[QTensor], pays: impl Fn(&QTensor) -> bool) -> Vec<Option<usize
 /// the product of `w`, then the copies ([`fill_ahead`]). None where `w` is not scheduled or
 /// no room is left.
 pub(super) fn plan_after(w: &QTensor, ctx: &Arc<GpuContext>, opts: &QOptions) -> Vec<(QTensor, GpuBuffer)> {
-    if ctx.recording_on_this_thread() {
+    if ctx.recording_here() {
         return Vec::new(); // a recording replays its dispatches as recorded
     }
     let next = SCHEDULE.with(|s| {
@@ -179,13 +183,12 @@ pub(super) fn plan_after(w: &QTensor, ctx: &Arc<GpuContext>, opts: &QOptions) ->
             let kernel_opts = QOptions { kernel: opts.kernel, ..QOptions::default() };
             hosts(&s.order, |q| {
                 kernel_for(ctx, q.ggml_type(), n, &kernel_opts) == QKernel::Coop
-                    && super::dequant_f16::pays(q.ggml_type(), n, q.rows() * q.cols())
+                    && super::dequant_f16::pays(q.ggml_type(), n, weights(q))
             })
         });
         // Never a second copy of a size alive, even where a copy made ahead was not taken
         // (its product read none after all, or ran out of order): the memory stays the pool's
         // one buffer per size.
-        let weights = |q: &QTensor| q.rows() * q.cols();
         let mut alive: Vec<usize> = s.ready.iter().map(|(src, _)| weights(src)).collect();
         alive.push(weights(w));
         let mut next = Vec::new();
@@ -197,15 +200,12 @@ pub(super) fn plan_after(w: &QTensor, ctx: &Arc<GpuContext>, opts: &QOptions) ->
         }
         next
     });
+    // Where the device has no room (or the weights cannot be copied), the rest are made
+    // before their products, which try again.
     let mut out = Vec::with_capacity(next.len());
     for q in next {
-        match super::dequant_f16::copy_buffer(&q) {
-            Ok(buf) => out.push((q, buf)),
-            Err(e) => {
-                log::info!("no room for the f16 copy of {q:?} ahead ({e}); it is made before its product");
-                break;
-            }
-        }
+        let Ok(Some(buf)) = super::dequant_f16::copy_buffer(&q) else { break };
+        out.push((q, buf));
     }
     out
 }

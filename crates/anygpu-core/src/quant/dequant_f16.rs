@@ -1,12 +1,12 @@
 //! Quantized weights dequantized to an f16 copy before a long prefill product
 //! (dequant_f16.wgsl): the coop kernel then stages them through its F16 loader (one 16-byte
 //! load per run of 8 weights) instead of decoding blocks in its staging, which costs it more
-//! than the products do. The copy is one pooled buffer per product, dropped with it; it holds
-//! the very f16 values the kernel's W staging rounds the decoded weights to, so the product is
+//! than the products do. The copy is one pooled buffer per product, made right before it or
+//! beside an earlier product (copy_ahead.rs) and dropped with it; it holds the very f16 values the kernel's W staging rounds the decoded weights to, so the product is
 //! the same, bit for bit, either way.
 //!
 //! It pays where a product's decoding costs more than writing and reading the copy and the
-//! dispatch between them, i.e. for enough x rows and weights: see [`pays`].
+//! dispatch between them, i.e. for enough x rows and weights: see `pays`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -56,26 +56,24 @@ fn env_forced() -> Option<bool> {
     })
 }
 
+/// The copy forced on or off: by [`set_override`], else by `ANYGPU_COOP_DEQUANT`.
+fn forced() -> Option<bool> {
+    match FORCED.load(Ordering::Relaxed) {
+        1 => Some(false),
+        2 => Some(true),
+        _ => env_forced(),
+    }
+}
+
 /// Whether a coop product of `n` x rows with quantized weights of `ty` (`weights` of them)
 /// reads an f16 copy of them ([`dequantize_to_f16`] first).
 pub(super) fn pays(ty: GgmlType, n: usize, weights: usize) -> bool {
-    if !ty.is_quantized() {
-        return false;
-    }
-    match FORCED.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => env_forced().unwrap_or(n >= DEQUANT_MIN_N && weights >= DEQUANT_MIN_WEIGHTS),
-    }
+    ty.is_quantized() && forced().unwrap_or(n >= DEQUANT_MIN_N && weights >= DEQUANT_MIN_WEIGHTS)
 }
 
 /// Whether a product of `n` x rows may read an f16 copy at all (whatever its weights).
 pub(super) fn may_pay(n: usize) -> bool {
-    match FORCED.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => env_forced().unwrap_or(n >= DEQUANT_MIN_N),
-    }
+    forced().unwrap_or(n >= DEQUANT_MIN_N)
 }
 
 /// Runs of 8 weights each invocation expands (256 apart, loads first): H100, Q4_0 [28672,
@@ -104,24 +102,26 @@ struct Params {
 /// at a 16-byte boundary: the coop kernel's F16 loader). Each dispatch covers the rows whose
 /// f16 copy fits one binding (`opts.max_binding` or the device's), their blocks bound beside it.
 pub fn dequantize_to_f16(w: &QTensor, opts: &QOptions) -> Result<QTensor> {
-    fill(w, copy_buffer(w)?, opts)
+    fill(w, gpu_weights(OP, w)?.1.alloc(copy_bytes(w)?)?, opts)
 }
 
 /// The f16 copy for a product, or `None` where the device has no room for it (the product
 /// then decodes the blocks itself, as it would for fewer x rows).
 pub(super) fn copy_for_product(w: &QTensor, opts: &QOptions) -> Result<Option<QTensor>> {
-    match copy_buffer(w) {
-        Ok(out) => fill(w, out, opts).map(Some),
+    copy_buffer(w)?.map(|out| fill(w, out, opts)).transpose()
+}
+
+/// A new buffer for W's f16 copy, or `None` (logged) where the device has no room for it; an
+/// error for weights that are not quantized.
+pub(super) fn copy_buffer(w: &QTensor) -> Result<Option<crate::gpu::GpuBuffer>> {
+    let bytes = copy_bytes(w)?;
+    match gpu_weights(OP, w)?.1.alloc(bytes) {
+        Ok(out) => Ok(Some(out)),
         Err(e) => {
-            log::info!("{OP}: no room for the f16 copy of {w:?} ({e}); the product decodes its blocks");
+            log::info!("{OP}: no room for the f16 copy of {w:?} ({e}); its product decodes the blocks");
             Ok(None)
         }
     }
-}
-
-/// A new buffer for W's f16 copy.
-pub(super) fn copy_buffer(w: &QTensor) -> Result<crate::gpu::GpuBuffer> {
-    gpu_weights(OP, w)?.1.alloc(copy_bytes(w)?)
 }
 
 /// Bytes of W's f16 copy; an error for weights that are not quantized.
